@@ -1,0 +1,65 @@
+"""Entry point `dflash-tui` and its subcommands.
+
+Each subcommand lives in `dflash_tui/commands/<name>.py` with
+`add_arguments(parser)` and `run(args) -> int`. Imports are lazy so that
+`dflash-tui --help` and replay never pay for loading MLX models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional, Sequence
+
+from dflash_tui import __version__
+from dflash_tui.errors import UserError
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "chat": ("dflash_tui.commands.chat", "chat in the terminal UI (the default)"),
+    "generate": ("dflash_tui.commands.generate", "generate one reply headlessly"),
+    "bench": ("dflash_tui.commands.bench", "DFlash vs the target alone, side by side"),
+    "replay": ("dflash_tui.commands.replay", "replay a saved session's acceptance trace"),
+    "sessions": ("dflash_tui.commands.sessions", "list, show, export or delete saved sessions"),
+    "train-draft": ("dflash_tui.commands.train_draft", "train a DFlash draft for a target"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dflash-tui",
+        description="Chat with a local LLM on MLX and watch DFlash speculative decoding work.",
+    )
+    parser.add_argument("--version", action="version", version=f"dflash-tui {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            importlib.import_module(module).add_arguments(p)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            p.set_defaults(_missing=True)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # bare `dflash-tui [--model M ...]` is chat
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["chat", *argv]
+    args = parser.parse_args(argv)
+    if getattr(args, "_missing", False):
+        print(f"dflash-tui: '{args.command}' is not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except UserError as exc:
+        print(f"dflash-tui: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("dflash-tui: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""The DFlash engine. It never imports Textual."""

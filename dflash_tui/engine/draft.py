@@ -1,0 +1,297 @@
+"""The DFlash block-diffusion draft model and its loader (z-lab checkpoint format).
+
+The draft has no embedding or head of its own: it embeds with the target's
+`embed_tokens` and reads out through the target's head. Target features from a
+few target layers are fused (`hidden_norm(fc(concat))`) and injected as extra
+keys/values in every draft layer; queries come only from the block.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+from dflash_tui.errors import UserError
+
+
+class DraftLoadError(UserError):
+    """A draft checkpoint is missing, malformed, or not a DFlash draft."""
+
+
+@dataclass
+class DraftConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[dict[str, Any]] = None
+    max_position_embeddings: int = 40960
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> "DraftConfig":
+        dcfg = cfg.get("dflash_config") or {}
+        rope = cfg.get("rope_parameters") or {}
+        try:
+            n_layers = int(cfg["num_hidden_layers"])
+            heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            return cls(
+                hidden_size=hidden,
+                num_hidden_layers=n_layers,
+                num_attention_heads=heads,
+                num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                head_dim=int(cfg.get("head_dim") or hidden // heads),
+                intermediate_size=int(cfg["intermediate_size"]),
+                vocab_size=int(cfg["vocab_size"]),
+                block_size=int(cfg.get("block_size") or dcfg.get("block_size") or 16),
+                mask_token_id=int(dcfg.get("mask_token_id", cfg.get("mask_token_id"))),
+                target_layer_ids=[int(i) for i in dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))],
+                num_target_layers=int(cfg["num_target_layers"]),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0),
+                rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
+                layer_types=list(cfg.get("layer_types") or ["full_attention"] * n_layers),
+                sliding_window=cfg.get("sliding_window"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DraftLoadError(f"draft config.json is missing or has a bad field: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The z-lab `config.json` layout."""
+        out: dict[str, Any] = {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_position_embeddings,
+            "layer_types": self.layer_types,
+            "sliding_window": self.sliding_window,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "dflash_config": {
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": self.target_layer_ids,
+            },
+            "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+        }
+        return out
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DraftConfig, sliding: bool):
+        super().__init__()
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.window = cfg.sliding_window if sliding else None
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.rope = initialize_rope(
+            self.head_dim,
+            base=cfg.rope_theta,
+            traditional=False,
+            scaling_config=cfg.rope_scaling,
+            max_position_embeddings=cfg.max_position_embeddings,
+        )
+
+    def _kv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        B, L, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        return self.rope(k, offset=offset), v
+
+    def __call__(self, x: mx.array, ctx: Optional[mx.array], cache: KVCache) -> mx.array:
+        """x: the block [B, L, H]; ctx: fused target features of newly committed tokens.
+
+        The context K/V is appended to `cache` for good; the block's own K/V is
+        appended too and must be trimmed by the caller once the forward is done.
+        """
+        B, L, _ = x.shape
+        if ctx is not None and ctx.shape[1] > 0:
+            kc, vc = self._kv(ctx, cache.offset)
+            cache.update_and_fetch(kc, vc)
+        start = cache.offset
+        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        q = self.rope(q, offset=start)
+        kb, vb = self._kv(x, start)
+        keys, values = cache.update_and_fetch(kb, vb)
+        if self.window is not None and keys.shape[2] > self.window + L:
+            keys = keys[:, :, -(self.window + L) :]
+            values = values[:, :, -(self.window + L) :]
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=None)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def append_context(self, ctx: mx.array, cache: KVCache) -> None:
+        kc, vc = self._kv(ctx, cache.offset)
+        cache.update_and_fetch(kc, vc)
+
+
+class DraftMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DraftConfig, sliding: bool):
+        super().__init__()
+        self.self_attn = DraftAttention(cfg, sliding)
+        self.mlp = DraftMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x: mx.array, ctx: Optional[mx.array], cache: KVCache) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraft(nn.Module):
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        k = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(k * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [
+            DraftLayer(cfg, sliding=(t == "sliding_attention"))
+            for t in (cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers)
+        ]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def fuse(self, features: mx.array) -> mx.array:
+        """[B, L, k*H] concatenated target features -> [B, L, H] draft context."""
+        return self.hidden_norm(self.fc(features.astype(self.fc.weight.dtype)))
+
+    def append_context(self, features: mx.array, cache: list[KVCache]) -> None:
+        """Push committed tokens' target features into the draft cache without drafting."""
+        ctx = self.fuse(features)
+        for layer, c in zip(self.layers, cache):
+            layer.self_attn.append_context(ctx, c)
+
+    def __call__(self, block_embeds: mx.array, features: Optional[mx.array], cache: list[KVCache]) -> mx.array:
+        """Hidden states of the block [B, L, H] (before the target's head).
+
+        Leaves the block's K/V in `cache`; callers trim `L` afterwards.
+        """
+        ctx = self.fuse(features) if features is not None and features.shape[1] > 0 else None
+        h = block_embeds.astype(self.fc.weight.dtype)
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, ctx, c)
+        return self.norm(h)
+
+
+def resolve_checkpoint(path_or_repo: str, allow_download: bool = True) -> Path:
+    """A local directory, or a hub repo id fetched with only its json + safetensors."""
+    p = Path(path_or_repo).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise DraftLoadError(f"draft path is not a directory: {p}")
+        return p
+    if not allow_download or path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
+        raise DraftLoadError(f"draft not found: {path_or_repo} (no such directory, and not a hub repo id)")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_repo, allow_patterns=["*.json", "*.safetensors"]))
+    except Exception as exc:  # network, auth, missing repo: all one message for the user
+        raise DraftLoadError(f"could not fetch draft {path_or_repo!r} from the hub: {type(exc).__name__}: {exc}") from None
+
+
+def load_draft(path_or_repo: str, dtype: mx.Dtype = mx.bfloat16) -> DFlashDraft:
+    path = resolve_checkpoint(path_or_repo)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise DraftLoadError(f"not a draft checkpoint (no config.json): {path}")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DraftLoadError(f"draft config.json is unreadable: {exc}") from None
+    archs = raw.get("architectures") or []
+    if not any("DFlash" in a for a in archs) and "dflash_config" not in raw:
+        raise DraftLoadError(f"not a DFlash draft checkpoint (architectures={archs}): {path}")
+    cfg = DraftConfig.from_dict(raw)
+    model = DFlashDraft(cfg)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise DraftLoadError(f"draft checkpoint has no .safetensors weights: {path}")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    # Some exports carry the target's embedding/head; the draft uses the target's own.
+    weights = {k: v for k, v in weights.items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        raise DraftLoadError(f"draft weights do not match its config: {exc}") from None
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def save_draft(model: DFlashDraft, out_dir: str | Path, dtype: mx.Dtype = mx.bfloat16, shard_bytes: int = 15 * 2**20) -> Path:
+    """Write a z-lab-format checkpoint: config.json + (sharded) model.safetensors."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    items = [(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())]
+    shards: list[dict[str, mx.array]] = [{}]
+    size = 0
+    for k, v in items:
+        if size and size + v.nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.nbytes
+    for old in out.glob("*.safetensors"):
+        old.unlink()
+    if len(shards) == 1:
+        mx.save_safetensors(str(out / "model.safetensors"), shards[0], metadata={"format": "mlx"})
+    else:
+        for i, shard in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+    return out

@@ -1,0 +1,69 @@
+"""Typed events the engine yields: the contract between engine, UI, sessions and replay."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+
+@dataclass
+class Prefill:
+    prompt_tokens: int
+    cached_tokens: int
+    seconds: float
+    type: str = field(default="prefill", init=False)
+
+
+@dataclass
+class Block:
+    """One cycle. `emitted` = accepted proposals + the target's own token.
+
+    A block with nothing drafted is a plain target step (the first token after
+    prefill, or every token in baseline mode).
+    """
+
+    index: int
+    drafted: list[int]
+    accepted: int
+    emitted: list[int]
+    text: str
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    rollback_ms: float = 0.0
+    type: str = field(default="block", init=False)
+
+
+@dataclass
+class Done:
+    tokens: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    stats: dict[str, Any] = field(default_factory=dict)
+    type: str = field(default="done", init=False)
+
+
+@dataclass
+class Error:
+    message: str
+    type: str = field(default="error", init=False)
+
+
+Event = Union[Prefill, Block, Done, Error]
+
+_TYPES = {"prefill": Prefill, "block": Block, "done": Done, "error": Error}
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    return asdict(event)
+
+
+def event_from_dict(data: dict[str, Any]) -> Event:
+    """Rebuild an event from `event_to_dict` output; raises ValueError on foreign data."""
+    if not isinstance(data, dict) or data.get("type") not in _TYPES:
+        raise ValueError(f"not an engine event: {data!r:.80}")
+    cls = _TYPES[data["type"]]
+    fields = {k: v for k, v in data.items() if k != "type"}
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise ValueError(f"bad {data['type']} event: {exc}") from None

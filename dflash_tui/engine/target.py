@@ -1,0 +1,111 @@
+"""Target adapter: an mlx-lm model seen as backbone + head, with layer-output capture.
+
+mlx-lm models return logits only. To read the outputs of chosen layers we swap
+the class of those layer *instances* for a subclass that records its output, so
+mlx-lm's own forward (masks, caches, hybrid layers) runs unchanged and no class
+is patched globally: another engine, or plain mlx-lm, in the same process sees
+untouched layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+_capturing_classes: dict[type, type] = {}
+
+
+def _capturing_class(cls: type) -> type:
+    """A subclass of `cls` whose instances append their output to `self._dflash_sink`."""
+    if cls not in _capturing_classes:
+
+        def __call__(self, *args, **kwargs):
+            out = cls.__call__(self, *args, **kwargs)
+            sink = self._dflash_sink
+            if sink is not None:
+                sink.append(out)
+            return out
+
+        _capturing_classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
+    return _capturing_classes[cls]
+
+
+class Target:
+    """An mlx-lm model plus what the engine needs from it."""
+
+    def __init__(self, model: nn.Module, tokenizer: Any, name: str = "target"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.lm = model.language_model if hasattr(model, "language_model") else model
+        self.backbone = self.lm.model
+        self.args = self.lm.args
+        self.layers = list(self.backbone.layers)
+        self.capture_ids: list[int] = []
+        self._sink: list[mx.array] = []
+
+    # -- shape facts -------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.args.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backbone.embed_tokens.weight.shape[0])
+
+    @property
+    def is_hybrid(self) -> bool:
+        return any(getattr(layer, "is_linear", False) for layer in self.layers)
+
+    @property
+    def dtype(self) -> mx.Dtype:
+        return self.backbone.embed_tokens.weight.dtype if not hasattr(self.backbone.embed_tokens, "scales") else mx.bfloat16
+
+    # -- capture -----------------------------------------------------------
+    def set_capture(self, layer_ids: list[int]) -> None:
+        """Record the outputs of these layers on every forward from now on."""
+        for i, layer in enumerate(self.layers):
+            want = i in layer_ids
+            if want and not hasattr(layer, "_dflash_sink"):
+                layer.__class__ = _capturing_class(type(layer))
+            if hasattr(layer, "_dflash_sink"):
+                # a plain attribute, not an nn.Module child, so it stays out of parameters()
+                object.__setattr__(layer, "_dflash_sink", self._sink if want else None)
+        self.capture_ids = sorted(layer_ids)
+
+    def release_capture(self) -> None:
+        for layer in self.layers:
+            if hasattr(layer, "_dflash_sink"):
+                object.__setattr__(layer, "_dflash_sink", None)
+                layer.__class__ = type(layer).__mro__[1]
+                object.__delattr__(layer, "_dflash_sink")
+        self.capture_ids = []
+
+    # -- forward -----------------------------------------------------------
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.backbone.embed_tokens(tokens)
+
+    def head(self, h: mx.array) -> mx.array:
+        if self.args.tie_word_embeddings:
+            return self.backbone.embed_tokens.as_linear(h)
+        return self.lm.lm_head(h)
+
+    def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
+        """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
+        self._sink.clear()
+        h = self.backbone(tokens, cache)
+        feats = mx.concatenate(self._sink, axis=-1) if self._sink else None
+        self._sink.clear()
+        if last_only:
+            h = h[:, -1:]
+        return self.head(h), feats
+
+    def make_cache(self) -> list[Any]:
+        return make_prompt_cache(self.model)
