@@ -24,9 +24,7 @@ def _capturing_class(cls: type) -> type:
 
         def __call__(self, *args, **kwargs):
             out = cls.__call__(self, *args, **kwargs)
-            sink = self._dflash_sink
-            if sink is not None:
-                sink.append(out)
+            self._dflash_sink.append(out)
             return out
 
         _capturing_classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
@@ -71,19 +69,18 @@ class Target:
     # -- capture -----------------------------------------------------------
     def set_capture(self, layer_ids: list[int]) -> None:
         """Record the outputs of these layers on every forward from now on."""
-        for i, layer in enumerate(self.layers):
-            want = i in layer_ids
-            if want and not hasattr(layer, "_dflash_sink"):
-                layer.__class__ = _capturing_class(type(layer))
-            if hasattr(layer, "_dflash_sink"):
-                # a plain attribute, not an nn.Module child, so it stays out of parameters()
-                object.__setattr__(layer, "_dflash_sink", self._sink if want else None)
+        self.release_capture()
+        for i in sorted(layer_ids):
+            layer = self.layers[i]
+            layer.__class__ = _capturing_class(type(layer))
+            # a plain attribute, not an nn.Module child, so it stays out of parameters()
+            object.__setattr__(layer, "_dflash_sink", self._sink)
         self.capture_ids = sorted(layer_ids)
 
     def release_capture(self) -> None:
+        capturing = set(_capturing_classes.values())
         for layer in self.layers:
-            if hasattr(layer, "_dflash_sink"):
-                object.__setattr__(layer, "_dflash_sink", None)
+            if type(layer) in capturing:
                 layer.__class__ = type(layer).__mro__[1]
                 object.__delattr__(layer, "_dflash_sink")
         self.capture_ids = []
@@ -109,3 +106,24 @@ class Target:
 
     def make_cache(self) -> list[Any]:
         return make_prompt_cache(self.model)
+
+    # -- rollback ----------------------------------------------------------
+    def begin_verify(self, cache: list[Any]) -> None:
+        """Called before a verify forward; hybrid targets start recording here."""
+
+    def rollback(self, cache: list[Any], keep: int, block_len: int) -> None:
+        """After verifying `block_len` tokens, keep only the first `keep` of them."""
+        drop = block_len - keep
+        if drop > 0:
+            for c in cache:
+                c.trim(drop)
+
+    def truncate(self, cache: list[Any], length: int, keep: int) -> int:
+        """Roll a cache holding `length` tokens back to its first `keep`; returns what was kept."""
+        if keep >= length:
+            return length
+        if not all(c.is_trimmable() for c in cache):
+            return -1  # caller must start from an empty cache
+        for c in cache:
+            c.trim(length - keep)
+        return keep

@@ -1,0 +1,210 @@
+"""A conversation with a loaded pair: messages, prompt building, cache reuse across turns."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterator, Optional
+
+import mlx.core as mx
+
+from dflash_tui.engine.baseline import baseline_cycles
+from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
+from dflash_tui.engine.loading import Pair
+from dflash_tui.engine.sampling import greedy
+from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_proposals
+from dflash_tui.engine.state import DecodeState
+
+CancelFn = Callable[[], bool]
+
+
+@dataclass
+class GenerationSettings:
+    max_tokens: int = 512
+    block_size: Optional[int] = None  # None: the draft's own block size
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    baseline: bool = False
+    prefill_chunk: int = 512
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _never() -> bool:
+    return False
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Conversation:
+    """Messages plus the caches that already hold their tokens.
+
+    Each turn re-renders the whole conversation through the chat template,
+    finds how much of it the caches already hold, and prefills only the rest,
+    so a turn's output equals a fresh run on the whole conversation.
+    """
+
+    def __init__(self, pair: Pair, system: Optional[str] = None, use_chat_template: bool = True):
+        self.pair = pair
+        self.target = pair.target
+        self.tokenizer = pair.target.tokenizer
+        self.use_chat_template = use_chat_template and getattr(self.tokenizer, "chat_template", None) is not None
+        self.state = DecodeState(pair.target, pair.draft)
+        self.propose: Proposer = draft_proposals  # swappable, e.g. for an oracle in tests
+        self.messages: list[dict[str, str]] = []
+        self.system = system
+        self.reset(system)
+
+    def reset(self, system: Optional[str] = None) -> None:
+        """Start over (the caches are kept: the next turn reuses what still matches)."""
+        self.system = system
+        self.messages = [{"role": "system", "content": system}] if system else []
+
+    @property
+    def eos_ids(self) -> set[int]:
+        return set(self.tokenizer.eos_token_ids)
+
+    def prompt_tokens(self, messages: Optional[list[dict[str, str]]] = None) -> list[int]:
+        msgs = self.messages if messages is None else messages
+        if self.use_chat_template:
+            # DFlash drafts for Qwen3 were trained with thinking off
+            return list(self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, enable_thinking=False))
+        return list(self.tokenizer.encode("\n".join(m["content"] for m in msgs), add_special_tokens=True))
+
+    # -- turns -------------------------------------------------------------
+    def generate(self, user_text: str, settings: GenerationSettings, should_cancel: CancelFn = _never) -> Iterator[Event]:
+        self.messages.append({"role": "user", "content": user_text})
+        yield from self._turn(self.prompt_tokens(), settings, should_cancel, record=True)
+
+    def regenerate(self, settings: GenerationSettings, should_cancel: CancelFn = _never) -> Iterator[Event]:
+        """Redo the last assistant reply."""
+        if self.messages and self.messages[-1]["role"] == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1]["role"] != "user":
+            yield Error("nothing to regenerate")
+            return
+        yield from self._turn(self.prompt_tokens(), settings, should_cancel, record=True)
+
+    def generate_tokens(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn = _never) -> Iterator[Event]:
+        """Continue from raw prompt token ids (no messages recorded)."""
+        yield from self._turn(list(prompt), settings, should_cancel, record=False)
+
+    def _turn(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn, record: bool) -> Iterator[Event]:
+        if not prompt:
+            yield Error("empty prompt")
+            return
+        try:
+            done = yield from self._decode(prompt, settings, should_cancel)
+        except Exception as exc:  # an MLX failure (out of memory...) mid-turn: report, start clean
+            self.state.reset()
+            yield Error(f"generation failed: {type(exc).__name__}: {exc}")
+            return
+        if record:
+            self.messages.append({"role": "assistant", "content": done.text})
+        yield done
+
+    def _decode(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn):
+        state = self.state
+        use_draft = state.draft is not None and not settings.baseline
+        block_size = settings.block_size or (state.draft.config.block_size if state.draft is not None else 1)
+        max_tokens = settings.max_tokens
+        eos = self.eos_ids
+        mx.reset_peak_memory()
+
+        # reuse what the caches already hold; at least one token must be prefilled
+        cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
+        logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk)
+        yield Prefill(prompt_tokens=len(prompt), cached_tokens=cached, seconds=prefill_s)
+
+        detok = self.tokenizer.detokenizer
+        detok.reset()
+        tokens: list[int] = []
+        totals = {"cycles": 0, "drafted": 0, "accepted": 0, "cycle_tokens": 0, "draft_ms": 0.0, "verify_ms": 0.0, "rollback_ms": 0.0}
+        finish = "length"
+        decode_start = time.perf_counter()
+
+        def emit(new: list[int]) -> tuple[list[int], str, bool]:
+            """Cut at EOS / max_tokens; returns (kept tokens, their text, finished)."""
+            nonlocal finish
+            kept = []
+            for t in new:
+                if t in eos:
+                    finish = "stop"
+                    return kept, _text(kept), True
+                kept.append(t)
+                if len(tokens) + len(kept) >= max_tokens:
+                    finish = "length"
+                    return kept, _text(kept), True
+            return kept, _text(kept), False
+
+        def _text(kept: list[int]) -> str:
+            before = len(detok.text)
+            for t in kept:
+                detok.add_token(t)
+            return detok.text[before:]
+
+        first = int(greedy(logits).item())
+        kept, text, finished = emit([first])
+        tokens.extend(kept)
+        yield Block(index=0, drafted=[], accepted=0, emitted=kept, text=text)
+        index = 1
+        if not finished and max_tokens > 1:
+            remaining = lambda: max_tokens - len(tokens)  # noqa: E731
+            cycles = (
+                dflash_cycles(state, first, block_size, remaining, should_cancel, self.propose)
+                if use_draft
+                else baseline_cycles(state, first, remaining, should_cancel)
+            )
+            for cyc in cycles:
+                kept, text, finished = emit(cyc.emitted)
+                tokens.extend(kept)
+                if cyc.drafted:
+                    totals["cycles"] += 1
+                    totals["drafted"] += len(cyc.drafted)
+                    totals["accepted"] += cyc.accepted
+                    totals["cycle_tokens"] += len(kept) if finished else len(cyc.emitted)
+                for k in ("draft_ms", "verify_ms", "rollback_ms"):
+                    totals[k] += getattr(cyc, k)
+                yield Block(index=index, drafted=cyc.drafted, accepted=cyc.accepted, emitted=kept, text=text,
+                            draft_ms=cyc.draft_ms, verify_ms=cyc.verify_ms, rollback_ms=cyc.rollback_ms)
+                index += 1
+                if finished:
+                    break
+            else:
+                if should_cancel():
+                    finish = "cancelled"
+            cycles.close()
+        decode_s = time.perf_counter() - decode_start
+        detok.finalize()
+        n = len(tokens)
+        stats = {
+            "mode": "dflash" if use_draft else "baseline",
+            "block_size": block_size if use_draft else 1,
+            "prompt_tokens": len(prompt),
+            "cached_tokens": cached,
+            "prefill_s": prefill_s,
+            "prefill_tps": (len(prompt) - cached) / prefill_s if prefill_s > 0 else 0.0,
+            "ttft_s": prefill_s,
+            "generated_tokens": n,
+            "decode_s": decode_s,
+            # the first token comes from prefill; decode speed counts the rest
+            "decode_tps": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            "cycles": totals["cycles"],
+            "tokens_per_cycle": totals["cycle_tokens"] / totals["cycles"] if totals["cycles"] else 0.0,
+            "acceptance": totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0,
+            "draft_ms": totals["draft_ms"],
+            "verify_ms": totals["verify_ms"],
+            "rollback_ms": totals["rollback_ms"],
+            "peak_memory": mx.get_peak_memory(),
+        }
+        return Done(tokens=tokens, text=detok.text, finish_reason=finish, stats=stats)

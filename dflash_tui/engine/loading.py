@@ -1,0 +1,101 @@
+"""Load a target (through mlx-lm) and its DFlash draft, and check that they fit."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import mlx.core as mx
+
+from dflash_tui.engine.draft import DFlashDraft, load_draft
+from dflash_tui.engine.registry import draft_for
+from dflash_tui.engine.target import Target
+from dflash_tui.errors import UserError
+
+ProgressFn = Callable[[str, float], None]
+
+
+@dataclass
+class Pair:
+    target: Target
+    draft: Optional[DFlashDraft]
+    target_name: str
+    draft_name: Optional[str]
+
+
+def _looks_like_repo_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+def load_target(model: str, trust_remote_code: bool = False) -> Target:
+    import mlx_lm
+
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise UserError(f"not a model directory (no config.json): {model}")
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"model config.json is unreadable: {model}: {exc}") from None
+        if "DFlash" in " ".join(cfg.get("architectures") or []):
+            raise UserError(f"{model} is a DFlash draft, not a target model; pass it as --draft")
+        source = str(path)
+    elif _looks_like_repo_id(model):
+        source = model
+    else:
+        raise UserError(f"model not found: {model} (no such directory, and not a hub repo id like owner/name)")
+    try:
+        lm, tokenizer = mlx_lm.load(source, trust_remote_code=trust_remote_code)
+    except UserError:
+        raise
+    except Exception as exc:  # mlx-lm raises many kinds for a bad model; the user needs one line
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"could not load model {model}: {msg}") from None
+    return Target(lm, tokenizer, name=model)
+
+
+def check_fit(target: Target, draft: DFlashDraft) -> None:
+    """Raise UserError saying exactly what does not fit."""
+    c = draft.config
+    problems = []
+    if c.hidden_size != target.hidden_size:
+        problems.append(f"hidden size {c.hidden_size} != target's {target.hidden_size}")
+    if c.vocab_size != target.vocab_size:
+        problems.append(f"vocab size {c.vocab_size} != target's {target.vocab_size}")
+    if c.num_target_layers != target.num_layers:
+        problems.append(f"num_target_layers {c.num_target_layers} != target's {target.num_layers} layers")
+    bad = [i for i in c.target_layer_ids if not 0 <= i < target.num_layers]
+    if bad:
+        problems.append(f"target_layer_ids {bad} out of range for {target.num_layers} layers")
+    if not 0 <= c.mask_token_id < target.vocab_size:
+        problems.append(f"mask_token_id {c.mask_token_id} not in the target's vocab ({target.vocab_size})")
+    if problems:
+        raise UserError("draft does not fit the target: " + "; ".join(problems))
+
+
+def load_pair(
+    model: str,
+    draft: Optional[str] = None,
+    trust_remote_code: bool = False,
+    progress: Optional[ProgressFn] = None,
+    draft_dtype: mx.Dtype = mx.bfloat16,
+    require_draft: bool = True,
+) -> Pair:
+    """Load target and draft; `draft=None` looks the target up in the registry."""
+    report = progress or (lambda stage, frac: None)
+    draft_name = draft or draft_for(model)
+    if draft_name is None and require_draft:
+        raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
+    report("loading target", 0.0)
+    target = load_target(model, trust_remote_code=trust_remote_code)
+    dmodel = None
+    if draft_name is not None:
+        report("loading draft", 0.5)
+        dmodel = load_draft(draft_name, dtype=draft_dtype)
+        check_fit(target, dmodel)
+        target.set_capture(dmodel.config.target_layer_ids)
+    report("ready", 1.0)
+    return Pair(target=target, draft=dmodel, target_name=model, draft_name=draft_name)

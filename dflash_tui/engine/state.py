@@ -1,0 +1,93 @@
+"""What the target and draft caches hold between cycles and between turns."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import mlx.core as mx
+
+from dflash_tui.engine.draft import DFlashDraft
+from dflash_tui.engine.target import Target
+
+
+class DecodeState:
+    """Target cache + draft cache + the tokens they hold.
+
+    Invariant: the target cache holds `tokens`; the draft cache holds the first
+    `draft_len` of them; `pending` holds target features for the rest, which the
+    next draft forward pushes into the draft cache.
+    """
+
+    def __init__(self, target: Target, draft: Optional[DFlashDraft]):
+        self.target = target
+        self.draft = draft
+        self.reset()
+
+    def reset(self) -> None:
+        self.target_cache = self.target.make_cache()
+        self.draft_cache = self.draft.make_cache() if self.draft is not None else None
+        self.tokens: list[int] = []
+        self.draft_len = 0
+        self.pending: list[mx.array] = []
+
+    # -- features waiting for the draft ----------------------------------
+    def take_pending(self) -> Optional[mx.array]:
+        if not self.pending:
+            return None
+        feats = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending, axis=1)
+        self.pending = []
+        self.draft_len += feats.shape[1]
+        return feats
+
+    def flush_pending(self) -> None:
+        feats = self.take_pending()
+        if feats is not None and self.draft is not None:
+            self.draft.append_context(feats, self.draft_cache)
+
+    # -- rolling back to a shared prefix ----------------------------------
+    def truncate(self, keep: int) -> int:
+        """Keep the first `keep` cached tokens (fewer if the cache cannot roll back)."""
+        n = len(self.tokens)
+        if keep >= n:
+            return n
+        kept = self.target.truncate(self.target_cache, n, keep)
+        if kept < 0:
+            self.reset()
+            return 0
+        self.tokens = self.tokens[:kept]
+        if self.draft is not None:
+            if self.draft_len > kept:
+                for c in self.draft_cache:
+                    c.trim(self.draft_len - kept)
+                self.draft_len = kept
+                self.pending = []
+            elif self.pending:
+                feats = mx.concatenate(self.pending, axis=1)[:, : kept - self.draft_len]
+                self.pending = [feats] if feats.shape[1] else []
+        return kept
+
+    # -- prefill -----------------------------------------------------------
+    def prefill(self, new_tokens: list[int], chunk: int = 512) -> tuple[mx.array, float]:
+        """Run `new_tokens` through the target (and their features into the draft).
+
+        Returns the logits after the last token ([V]) and the seconds taken.
+        """
+        tic = time.perf_counter()
+        self.flush_pending()
+        logits = None
+        for start in range(0, len(new_tokens), chunk):
+            piece = new_tokens[start : start + chunk]
+            logits, feats = self.target.forward(mx.array(piece)[None], self.target_cache, last_only=True)
+            if self.draft is not None and feats is not None:
+                self.draft.append_context(feats, self.draft_cache)
+                self.draft_len += len(piece)
+            mx.eval(logits, [c.state for c in self.target_cache], self._draft_state())
+            self.tokens.extend(piece)
+        assert logits is not None, "prefill needs at least one token"
+        return logits[0, -1], time.perf_counter() - tic
+
+    def _draft_state(self) -> list:
+        if self.draft_cache is None:
+            return []
+        return [(c.keys, c.values) for c in self.draft_cache if c.keys is not None]

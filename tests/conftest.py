@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny random-weight pairs in the real formats, and isolated user dirs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path, monkeypatch):
+    """No test reads or writes the real config or sessions."""
+    monkeypatch.setenv("DFLASH_TUI_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("DFLASH_TUI_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _build_pair(root: Path, kind: str, seed: int, **dims) -> dict[str, Path]:
+    from dflash_tui import random_pair as rp
+
+    cfg = rp.build_target(root / "target", kind=kind, seed=seed, tie=False, **dims)
+    dcfg = rp.draft_config_for(cfg, rp.mask_token_id(root / "target"), layers=2, block_size=16)
+    rp.build_draft(root / "draft", dcfg, seed=seed + 1)
+    return {"target": root / "target", "draft": root / "draft"}
+
+
+@pytest.fixture(scope="session")
+def qwen3_dirs(tmp_path_factory) -> dict[str, Path]:
+    """A tiny mlx-lm `qwen3` target (byte-level BPE, ChatML template) and a z-lab-format draft."""
+    return _build_pair(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen3_pair(qwen3_dirs):
+    from dflash_tui.engine.loading import load_pair
+
+    return load_pair(str(qwen3_dirs["target"]), str(qwen3_dirs["draft"]))
+
+
+def reference_tokens(pair, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens from plain `mlx_lm.stream_generate` (EOS excluded, as it reports them)."""
+    import mlx_lm
+
+    out = []
+    for r in mlx_lm.stream_generate(pair.target.model, pair.target.tokenizer, prompt, max_tokens=max_tokens):
+        if r.finish_reason == "stop":
+            break
+        out.append(r.token)
+    return out
+
+
+def oracle_proposer(sequence: list[int], error_rate: float = 0.3, seed: int = 0, vocab: int = 300):
+    """A draft that is sometimes right: proposals come from the known greedy continuation
+    `sequence` (prompt + reference output), with planted errors. The real draft still
+    runs, so the draft cache and context flow are exercised."""
+    import mlx.core as mx
+
+    from dflash_tui.engine.speculative import draft_proposals
+
+    rng = random.Random(seed)
+
+    def propose(state, token, b):
+        real = draft_proposals(state, token, b)
+        n = len(state.tokens)  # `token` sits at position n
+        out = []
+        for i in range(1, b):
+            want = sequence[n + i] if n + i < len(sequence) else rng.randrange(vocab)
+            if rng.random() < error_rate:
+                want = (want + 1 + rng.randrange(vocab - 1)) % vocab
+            out.append(want)
+        return mx.array(out, dtype=real.dtype) + 0 * real  # keep the draft forward in the graph
+
+    return propose
