@@ -54,7 +54,13 @@ def load_target(model: str, trust_remote_code: bool = False) -> Target:
     except Exception as exc:  # mlx-lm raises many kinds for a bad model; the user needs one line
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not load model {model}: {msg}") from None
-    return Target(lm, tokenizer, name=model)
+    target = Target(lm, tokenizer, name=model)
+    if target.is_hybrid:
+        # Gated DeltaNet state cannot be trimmed: it needs its own rollback
+        from dflash_tui.engine.hybrid import HybridTarget
+
+        target = HybridTarget(lm, tokenizer, name=model)
+    return target
 
 
 def check_fit(target: Target, draft: DFlashDraft) -> None:
