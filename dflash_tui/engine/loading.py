@@ -29,9 +29,8 @@ def _looks_like_repo_id(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
 
 
-def load_target(model: str, trust_remote_code: bool = False) -> Target:
-    import mlx_lm
-
+def target_source(model: str) -> str:
+    """Check a --model argument without loading it: a model directory or a hub repo id."""
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
@@ -42,11 +41,16 @@ def load_target(model: str, trust_remote_code: bool = False) -> Target:
             raise UserError(f"model config.json is unreadable: {model}: {exc}") from None
         if "DFlash" in " ".join(cfg.get("architectures") or []):
             raise UserError(f"{model} is a DFlash draft, not a target model; pass it as --draft")
-        source = str(path)
-    elif _looks_like_repo_id(model):
-        source = model
-    else:
-        raise UserError(f"model not found: {model} (no such directory, and not a hub repo id like owner/name)")
+        return str(path)
+    if _looks_like_repo_id(model):
+        return model
+    raise UserError(f"model not found: {model} (no such directory, and not a hub repo id like owner/name)")
+
+
+def load_target(model: str, trust_remote_code: bool = False) -> Target:
+    import mlx_lm
+
+    source = target_source(model)
     try:
         lm, tokenizer = mlx_lm.load(source, trust_remote_code=trust_remote_code)
     except UserError:
@@ -92,6 +96,7 @@ def load_pair(
 ) -> Pair:
     """Load target and draft; `draft=None` looks the target up in the registry."""
     report = progress or (lambda stage, frac: None)
+    target_source(model)
     draft_name = draft or draft_for(model)
     if draft_name is None and require_draft:
         raise UserError(f"no known DFlash draft for {model}; pass one with --draft")

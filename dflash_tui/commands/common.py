@@ -1,0 +1,77 @@
+"""Arguments and helpers shared by the commands that load a model pair."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from dflash_tui.errors import UserError
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("model")
+    g.add_argument("--model", "-m", metavar="M", help="target: a local mlx-lm model directory or a hub repo id")
+    g.add_argument("--draft", "-d", metavar="D", help="DFlash draft: a local directory or a hub repo id (default: the known draft for --model)")
+    g.add_argument("--demo", action="store_true", help="use the bundled offline demo pair")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped with a checkpoint to run")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("decoding")
+    g.add_argument("--max-tokens", type=int, default=512, metavar="N")
+    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size (default: the draft's own)")
+    g.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    g.add_argument("--top-k", type=int, default=0, metavar="K")
+    g.add_argument("--min-p", type=float, default=0.0, metavar="P")
+    g.add_argument("--seed", type=int, default=None, metavar="S")
+
+
+def _block_size(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"block size must be an integer or 'auto', not {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError("block size must be between 1 and 64")
+    return value
+
+
+def resolve_pair(args: argparse.Namespace) -> tuple[str, Optional[str]]:
+    """(target, draft) named by --model/--draft/--demo; the demo pair when nothing is named."""
+    if args.demo or not args.model:
+        if args.model or args.draft:
+            if args.demo:
+                raise UserError("--demo cannot be combined with --model/--draft")
+            raise UserError("--draft needs --model")
+        try:
+            from dflash_tui.demo import demo_draft_path, demo_target_path
+        except ImportError:
+            raise UserError("the demo pair is not part of this install; pass --model") from None
+        return str(demo_target_path()), str(demo_draft_path())
+    return args.model, args.draft
+
+
+def settings_from_args(args: argparse.Namespace, **extra):
+    from dflash_tui.engine.conversation import GenerationSettings
+
+    if args.max_tokens < 1:
+        raise UserError("--max-tokens must be at least 1")
+    if args.temperature < 0:
+        raise UserError("--temperature must be >= 0")
+    if not 0.0 < args.top_p <= 1.0:
+        raise UserError("--top-p must be in (0, 1]")
+    block = args.block_size
+    kwargs = dict(
+        max_tokens=args.max_tokens,
+        block_size=None if block in (None, "auto") else block,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+    )
+    kwargs.update(extra)
+    return GenerationSettings(**kwargs)
