@@ -181,17 +181,18 @@ def load_config(path: Optional[Path] = None) -> LoadedConfig:
         return LoadedConfig(cfg, path, [f"cannot be read ({exc.__class__.__name__}: {exc})"], writable=False)
     except tomllib.TOMLDecodeError as exc:
         return LoadedConfig(cfg, path, [f"is not valid TOML ({exc})"], writable=False)
-    problems = []
+    problems, bad_values = [], False
     known = {f.name for f in fields(Config)}
     for key, value in raw.items():
-        if key not in known:
-            problems.append(f"unknown setting '{key}'")
+        if key not in known:  # kept as is on write, so the file stays writable
+            problems.append(f"unknown setting '{key}' ignored")
             continue
         try:
             setattr(cfg, key, VALIDATORS[key](value))
         except BadValue as exc:
             problems.append(f"'{key}' {exc}")
-    return LoadedConfig(cfg, path, problems, writable=not problems)
+            bad_values = True
+    return LoadedConfig(cfg, path, problems, writable=not bad_values)
 
 
 def save_settings(loaded: LoadedConfig, **changes: Any) -> None:

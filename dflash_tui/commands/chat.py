@@ -1,0 +1,63 @@
+"""`dflash-tui` (chat): the terminal UI."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+from dflash_tui.commands.common import add_model_arguments
+from dflash_tui.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--system", metavar="S", help="a system prompt for this run")
+    parser.add_argument("--theme", metavar="NAME", help="a theme for this run (the one in config.toml otherwise)")
+    parser.add_argument("--no-probe", action="store_true",
+                        help="skip the short target-only run after load (the meter then shows no speedup until a /baseline turn)")
+
+
+def _pair(args: argparse.Namespace, configured: str) -> tuple[Optional[str], Optional[str]]:
+    if args.demo:
+        if args.model or args.draft:
+            raise UserError("--demo cannot be combined with --model/--draft")
+        return _demo()
+    if args.draft and not args.model:
+        raise UserError("--draft needs --model")
+    if args.model:
+        return args.model, args.draft
+    if configured:
+        return None, None  # the app takes the pair from config.toml
+    try:
+        return _demo()
+    except UserError:
+        return None, None  # the app opens the model picker
+
+
+def _demo() -> tuple[str, str]:
+    try:
+        from dflash_tui.demo import demo_draft_path, demo_target_path
+    except ImportError:
+        raise UserError("the demo pair is not part of this install; pass --model") from None
+    return str(demo_target_path()), str(demo_draft_path())
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_tui.config import load_config
+    from dflash_tui.ui.app import DFlashApp
+
+    loaded = load_config()
+    model, draft = _pair(args, loaded.config.model)
+    if args.system is not None:
+        loaded.config.system = args.system
+    if args.theme:
+        loaded.config.theme = args.theme
+    app = DFlashApp(
+        model=model,
+        draft=draft,
+        trust_remote_code=True if args.trust_remote_code else None,
+        config=loaded,
+        probe_tokens=0 if args.no_probe else None,
+    )
+    app.run()
+    return app.return_code or 0

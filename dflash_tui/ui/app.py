@@ -1,0 +1,549 @@
+"""The dflash-tui app: conversation, acceptance view, system meter, prompt, footer.
+
+The app only reacts to Messages from the engine worker (ui/worker.py), which
+owns the models in its own thread; nothing here calls MLX.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from textual import on
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.theme import Theme
+from textual.widgets import Footer
+
+from dflash_tui.config import DEFAULT_THEME, Config, LoadedConfig, data_dir, load_config, save_settings
+from dflash_tui.ui import messages as msg
+from dflash_tui.ui.acceptance import AcceptanceView
+from dflash_tui.ui.chat_view import AssistantHandle, ChatView
+from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash
+from dflash_tui.ui.meter import SystemMeter
+from dflash_tui.ui.model_picker import ModelPicker
+from dflash_tui.ui.prompt import PromptBox
+from dflash_tui.ui.themes import load_themes
+from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem
+
+_SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "block_size": "block size", "max_tokens": "max tokens"}
+
+
+def _short(name: Optional[str]) -> str:
+    """A model name short enough for a title bar: the last path part."""
+    if not name:
+        return "—"
+    return Path(name.rstrip("/")).name if ("/" in name and Path(name).exists()) else name
+
+
+def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
+    n = stats.get("generated_tokens", 0)
+    parts = [f"{n} tokens"]
+    if stats.get("mode") == "dflash":
+        parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
+    else:
+        parts.append("target only")
+    if stats.get("decode_tps"):
+        parts.append(f"{stats['decode_tps']:.1f} tok/s")
+    if finish_reason == "cancelled":
+        parts.append("stopped")
+    elif finish_reason == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)
+
+
+class DFlashApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "dflash-tui"
+    COMMANDS = App.COMMANDS | {DFlashProvider}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", show=True),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+l", "pick_model", "Model"),
+        Binding("ctrl+o", "sessions", "Sessions"),
+        Binding("ctrl+y", "copy_reply", "Copy reply"),
+        Binding("f2", "toggle_panes", "Panes"),
+        Binding("f1", "help", "Help"),
+    ]
+
+    def __init__(
+        self,
+        model: Optional[str] = None,
+        draft: Optional[str] = None,
+        trust_remote_code: Optional[bool] = None,
+        config: Optional[LoadedConfig] = None,
+        start_engine: bool = True,
+        probe_tokens: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.loaded_config = config or load_config()
+        cfg = self.loaded_config.config
+        self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file
+        self._initial = (model or cfg.model or None, draft or (cfg.draft if not model else None) or None)
+        self.trust_remote_code = cfg.trust_remote_code if trust_remote_code is None else trust_remote_code
+        self.probe_tokens = cfg.baseline_probe_tokens if probe_tokens is None else probe_tokens
+        self.start_engine = start_engine
+        self.engine = EngineWorker(self.post_message)
+        self.baseline = False
+        self.system_prompt = cfg.system or ""
+        self.model_state = "none"  # none | loading | ready | failed
+        self.target_name: Optional[str] = None
+        self.draft_name: Optional[str] = None
+        self.draft_block_size = 0
+        self.generating = False
+        self.turn_id = 0
+        self._handle: Optional[AssistantHandle] = None
+        self._turn_user_text: Optional[str] = None
+        self._trace: list[dict[str, Any]] = []
+        self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
+        self._theme_save_timer = None
+        self.session = None
+        self.session_store = None
+
+    # -- layout ------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield ChatView(id="chat")
+            with Vertical(id="side"):
+                yield AcceptanceView(id="acceptance")
+                yield SystemMeter(id="meter")
+        yield PromptBox(id="prompt")
+        yield Footer()
+
+    @property
+    def chat(self) -> ChatView:
+        return self.query_one(ChatView)
+
+    @property
+    def acceptance(self) -> AcceptanceView:
+        return self.query_one(AcceptanceView)
+
+    @property
+    def meter(self) -> SystemMeter:
+        return self.query_one(SystemMeter)
+
+    @property
+    def prompt(self) -> PromptBox:
+        return self.query_one(PromptBox)
+
+    def on_mount(self) -> None:
+        self._setup_themes()
+        self.chat.border_title = "conversation"
+        self.acceptance.border_title = "acceptance"
+        self.meter.border_title = "system"
+        if self.loaded_config.message:
+            self.chat.add_note(self.loaded_config.message, "warning")
+            self.notify(self.loaded_config.message, title="config.toml", severity="warning", timeout=10)
+        if self.system_prompt:
+            self.chat.add_system(self.system_prompt)
+        self.meter.set_settings(self.meter_settings())
+        self.meter.set_baseline_tps(None)
+        if self.start_engine:
+            self.engine.start(self)
+            model, draft = self._initial
+            if model:
+                self.load_model(model, draft)
+            else:
+                self.chat.add_note("No model loaded yet. Pick one (ctrl+l), or start with --model M --draft D, or --demo.")
+                self.call_after_refresh(self.action_pick_model)
+        self.prompt.focus()
+
+    def on_unmount(self) -> None:
+        self.engine.stop()
+        self._save_theme()
+
+    # -- themes ------------------------------------------------------------
+    def _setup_themes(self) -> None:
+        themes, problems = load_themes()
+        for theme in themes:
+            self.register_theme(theme)
+        for problem in problems:
+            self.notify(problem, title="theme", severity="warning", timeout=8)
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            if wanted != DEFAULT_THEME:
+                self.notify(f"no theme named '{wanted}'; using {DEFAULT_THEME}", severity="warning")
+            self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, theme: Theme) -> None:
+        self.options.theme = theme.name
+        # the theme picker previews as you move: write once things settle
+        if self._theme_save_timer is not None:
+            self._theme_save_timer.stop()
+        self._theme_save_timer = self.set_timer(0.8, self._save_theme)
+
+    def _save_theme(self) -> None:
+        self._theme_save_timer = None
+        if self.options.theme == self.loaded_config.config.theme:
+            return
+        try:
+            save_settings(self.loaded_config, theme=self.options.theme)
+        except PermissionError as exc:
+            self.notify(str(exc), title="theme not saved", severity="warning")
+        except OSError as exc:
+            self.notify(f"could not write {self.loaded_config.path}: {exc}", title="theme not saved", severity="error")
+
+    # -- settings ----------------------------------------------------------
+    def generation_settings(self) -> dict[str, Any]:
+        """Keyword arguments for the engine's GenerationSettings."""
+        return {**self.options.generation(), "baseline": self.baseline}
+
+    def meter_settings(self) -> dict[str, Any]:
+        s = self.generation_settings()
+        s["block_size"] = 1 if self.baseline else (self.options.block_size or self.draft_block_size or None)
+        s["mode"] = "baseline" if self.baseline else "dflash"
+        return s
+
+    def describe_setting(self, key: str) -> str:
+        value = getattr(self.options, key)
+        if key == "block_size" and value == 0:
+            return f"0 (the draft's own: {self.draft_block_size})" if self.draft_block_size else "0 (the draft's own)"
+        if key == "temperature" and value == 0:
+            return "0 (greedy)"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def change_setting(self, key: str, value: Any) -> None:
+        setattr(self.options, key, value)
+        self.meter.set_settings(self.meter_settings())
+        note = " (from the next reply)" if self.generating else ""
+        self.notify(f"{_SETTING_LABELS.get(key, key)} set to {self.describe_setting(key)}{note}", timeout=3)
+
+    def set_baseline(self, on_: bool) -> None:
+        self.baseline = on_
+        self.meter.set_settings(self.meter_settings())
+        self.notify("baseline on: the target alone decodes, for A/B" if on_ else "baseline off: DFlash decoding",
+                    timeout=3)
+
+    def set_system_prompt(self, text: str) -> None:
+        self.system_prompt = text
+        self.engine.submit(SetSystem(text or None))
+        if text:
+            self.chat.add_system(text)
+        else:
+            self.chat.add_note("System prompt cleared.")
+
+    # -- model loading -------------------------------------------------------
+    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False) -> None:
+        if self.generating:
+            self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
+            return
+        self.model_state = "loading"
+        self._pending_load = (model, draft, remember)
+        self.chat.show_loading(model)
+        self.meter.set_pair(model, draft, "loading…")
+        self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None))
+
+    def on_engine_loading(self, message: msg.EngineLoading) -> None:
+        panel = self.chat.loading_panel or self.chat.show_loading(message.model)
+        panel.set_progress(message.stage, message.fraction)
+
+    def on_engine_ready(self, message: msg.EngineReady) -> None:
+        self.chat.hide_loading()
+        self.model_state = "ready"
+        self.target_name, self.draft_name = message.target, message.draft
+        self.draft_block_size = message.block_size
+        self.session = None  # a new pair is a new session
+        self.acceptance.reset()
+        self.acceptance.set_decoder(message.decoder)
+        self.meter.set_pair(message.target, message.draft, message.device)
+        self.meter.set_settings(self.meter_settings())
+        self.meter.set_baseline_tps(None)
+        self.chat.border_title = f"conversation · {_short(message.target)}"
+        draft = f" with draft {message.draft}" if message.draft else " (no draft: target only)"
+        self.chat.add_note(f"Loaded {message.target}{draft} in {message.seconds:.1f} s.")
+        if self._pending_load and self._pending_load[2]:
+            self._remember_pair(message.target, message.draft)
+        self._pending_load = None
+
+    def _remember_pair(self, target: str, draft: Optional[str]) -> None:
+        try:
+            save_settings(self.loaded_config, model=target, draft=draft or "")
+        except (PermissionError, OSError) as exc:
+            self.notify(f"the model choice was not saved: {exc}", severity="warning")
+
+    def on_engine_failed(self, message: msg.EngineFailed) -> None:
+        self.chat.hide_loading()
+        self.model_state = "failed" if self.target_name is None else "none"
+        self.target_name = self.draft_name = None
+        self.chat.add_note(f"Could not load the model. {message.message}", "error")
+        self.chat.add_note("Pick another one with ctrl+l or /model.")
+        self.meter.set_pair("—", None, "no model")
+        self.notify(message.message, title="model not loaded", severity="error", timeout=10)
+
+    def on_baseline_measured(self, message: msg.BaselineMeasured) -> None:
+        self.meter.set_baseline_tps(message.tokens_per_second)
+
+    def on_memory_sample(self, message: msg.MemorySample) -> None:
+        self.meter.set_memory(message.active_bytes, message.peak_bytes, message.rss_bytes)
+
+    def on_engine_notice(self, message: msg.EngineNotice) -> None:
+        self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
+
+    # -- turns ---------------------------------------------------------------
+    @on(PromptBox.Send)
+    async def _send(self, event: PromptBox.Send) -> None:
+        if await run_slash(self, event.text):
+            return
+        text = event.text[1:] if event.text.startswith("//") else event.text  # '//' sends a literal '/'
+        if not self._can_start():
+            self.prompt.value = event.text  # nothing is lost
+            return
+        self.start_turn(text)
+
+    def _can_start(self) -> bool:
+        if self.generating:
+            self.notify("A reply is still streaming; Esc stops it", severity="warning")
+        elif self.model_state == "loading":
+            self.notify("The model is still loading", severity="warning")
+        elif self.model_state != "ready":
+            self.notify("No model is loaded; pick one with ctrl+l", severity="warning")
+        else:
+            return True
+        return False
+
+    def start_turn(self, text: Optional[str]) -> None:
+        """Send `text` (None: regenerate the last reply)."""
+        self.turn_id += 1
+        self.generating = True
+        self._turn_user_text = text
+        self._trace = []
+        if text is not None:
+            self.chat.add_user(text)
+        self._handle = self.chat.start_assistant()
+        self.acceptance.reset()
+        self.meter.set_settings(self.meter_settings())
+        self.engine.submit(Generate(self.turn_id, text, self.generation_settings()))
+        self.refresh_bindings()
+
+    def _current(self, turn_id: int) -> bool:
+        return turn_id == self.turn_id and self._handle is not None
+
+    def on_turn_prefill(self, message: msg.TurnPrefill) -> None:
+        if self._current(message.turn_id):
+            self.meter.on_prefill(message.event)
+            self._trace.append(_event_dict(message.event))
+
+    def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
+        if not self._current(message.turn_id):
+            return
+        self.acceptance.add_blocks(message.blocks)
+        self.meter.on_blocks(message.blocks, message.elapsed_s)
+        self._handle.append(message.text)
+        self._trace.extend(_event_dict(b) for b in message.blocks)
+
+    def on_turn_done(self, message: msg.TurnDone) -> None:
+        if not self._current(message.turn_id):
+            return
+        ev = message.event
+        self.meter.on_done(ev)
+        self._trace.append(_event_dict(ev))
+        self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
+        self._end_turn()
+        self._record_turn(ev.text)
+
+    def on_turn_failed(self, message: msg.TurnFailed) -> None:
+        if not self._current(message.turn_id):
+            return
+        self._handle.finish(None, "failed")
+        self.chat.add_note(message.message, "error")
+        self._end_turn()
+
+    def _end_turn(self) -> None:
+        self.generating = False
+        self._handle = None
+        self.refresh_bindings()
+
+    # -- actions -------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action == "stop":
+            return self.generating  # shown (and live) only while a reply streams
+        return True
+
+    def action_stop(self) -> None:
+        if self.generating:
+            self.engine.cancel()
+            self.notify("Stopping after this cycle…", timeout=2)
+
+    def action_regenerate(self) -> None:
+        if not self._can_start():
+            return
+        last = self.chat.last_assistant()
+        if last is None:
+            self.notify("There is no reply to regenerate yet", severity="warning")
+            return
+        last.remove()
+        self.start_turn(None)
+
+    async def action_new_chat(self) -> None:
+        if self.generating:
+            self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
+            return
+        await self.chat.clear()
+        self.engine.submit(NewConversation(self.system_prompt or None))
+        self.acceptance.reset()
+        self.session = None
+        if self.system_prompt:
+            self.chat.add_system(self.system_prompt)
+        self.chat.add_note("New conversation.")
+
+    def action_pick_model(self) -> None:
+        def picked(choice: Optional[tuple[str, Optional[str]]]) -> None:
+            if choice:
+                self.load_model(choice[0], choice[1], remember=True)
+
+        self.push_screen(ModelPicker(self.target_name), picked)
+
+    def action_sessions(self) -> None:
+        from dflash_tui.ui.sessions_screen import SessionsScreen
+
+        self.push_screen(SessionsScreen(), self._session_chosen)
+
+    def _session_chosen(self, result: Optional[tuple[str, Any]]) -> None:
+        if not result:
+            return
+        what, session = result
+        if what == "replay":
+            from dflash_tui.ui.replay_screen import ReplayScreen
+
+            self.push_screen(ReplayScreen(session))
+        elif what == "open":
+            self.call_later(self.open_session, session)
+
+    async def open_session(self, session: Any) -> None:
+        """Continue a saved conversation: show it, hand its messages to the engine."""
+        if self.generating:
+            self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
+            return
+        messages = [{"role": m.role, "content": m.content} for m in session.messages]
+        await self.chat.clear()
+        for m in messages:
+            if m["role"] == "user":
+                self.chat.add_user(m["content"])
+            elif m["role"] == "assistant":
+                self.chat.add_assistant(m["content"])
+            elif m["role"] == "system":
+                self.chat.add_system(m["content"])
+        self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
+        if session.target != self.target_name or (session.draft or None) != self.draft_name:
+            self.load_model(session.target, session.draft)
+        self.engine.submit(Restore(messages))
+        self.session = session
+        self.chat.add_note(f"Opened session “{session.title}”.")
+
+    def action_copy_reply(self) -> None:
+        focused = self.focused
+        from dflash_tui.ui.chat_view import MessageBlock
+
+        target = focused if isinstance(focused, MessageBlock) else self.chat.last_assistant()
+        if target is None:
+            self.notify("Nothing to copy yet", severity="warning")
+            return
+        target.action_copy_message()
+
+    def action_copy_code(self) -> None:
+        last = self.chat.last_assistant()
+        if last is None:
+            self.notify("Nothing to copy yet", severity="warning")
+            return
+        last.action_copy_code()
+
+    def action_toggle_panes(self) -> None:
+        self.screen.toggle_class("-chat-only")
+
+    def action_help(self) -> None:
+        keys = [
+            ("Enter", "send the message"),
+            ("↑ / ↓", "walk the prompt history"),
+            ("Esc", "stop the reply (what was produced is kept)"),
+            ("ctrl+r", "regenerate the last reply"),
+            ("ctrl+n", "new conversation"),
+            ("ctrl+l", "load a model"),
+            ("ctrl+o", "saved sessions"),
+            ("ctrl+y", "copy the last (or the focused) message"),
+            ("c / y", "on a focused message: copy it / copy its code blocks"),
+            ("f2", "hide or show the acceptance and system panes"),
+            ("ctrl+p", "command palette"),
+            ("ctrl+q", "quit"),
+        ]
+        self.push_screen(HelpScreen(keys))
+
+    # -- sessions --------------------------------------------------------------
+    def _store(self):
+        if self.session_store is None:
+            from dflash_tui.sessions import SessionStore
+
+            self.session_store = SessionStore()
+        return self.session_store
+
+    def _record_turn(self, reply: str) -> None:
+        try:
+            store = self._store()
+            if self.session is None:
+                self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings())
+                if self.system_prompt:
+                    self.session.add_message("system", self.system_prompt, None)
+            if self._turn_user_text is not None:
+                self.session.add_message("user", self._turn_user_text, None)
+            else:
+                _drop_last_assistant(self.session)
+            self.session.add_message("assistant", reply, list(self._trace))
+        except Exception as exc:  # recording must never break the chat
+            self.notify(f"the session could not be recorded: {exc}", severity="error")
+            return
+        self.save_session(announce=False)
+
+    def save_session(self, announce: bool = True) -> None:
+        if self.session is None:
+            if announce:
+                self.notify("Nothing to save yet", severity="warning")
+            return
+        try:
+            path = self._store().save(self.session)
+        except OSError as exc:
+            self.notify(f"could not save the session: {exc}. The conversation stays in memory.",
+                        title="session not saved", severity="error", timeout=10)
+            return
+        if announce:
+            self.notify(f"Session saved{f' to {path}' if path else ''}", timeout=3)
+
+    def export_conversation(self, path: Optional[str]) -> None:
+        blocks = [m for m in self.chat.messages()]
+        if not blocks:
+            self.notify("Nothing to export yet", severity="warning")
+            return
+        lines = [f"# Conversation with {self.target_name or 'a model'}", ""]
+        for block in blocks:
+            lines += [f"## {block.ROLE}", "", block.raw_text, ""]
+        out = Path(path).expanduser() if path else data_dir() / "exports" / time.strftime("chat-%Y%m%d-%H%M%S.md")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text("\n".join(lines), encoding="utf-8")
+        except OSError as exc:
+            self.notify(f"could not write {out}: {exc}", severity="error")
+            return
+        self.notify(f"Exported to {out}", timeout=5)
+
+
+def _event_dict(event: Any) -> dict[str, Any]:
+    from dflash_tui.engine.events import event_to_dict
+
+    return event_to_dict(event)
+
+
+def _drop_last_assistant(session: Any) -> None:
+    """A regenerated reply replaces the one before it."""
+    messages = getattr(session, "messages", None)
+    if messages and getattr(messages[-1], "role", None) == "assistant":
+        messages.pop()
+
+
+def run_app(model: Optional[str], draft: Optional[str], trust_remote_code: Optional[bool] = None) -> None:
+    DFlashApp(model=model, draft=draft, trust_remote_code=trust_remote_code).run()

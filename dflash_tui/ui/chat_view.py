@@ -1,0 +1,253 @@
+"""The conversation: user and assistant messages, notes, and the loading panel.
+
+Assistant replies stream in through `Markdown.get_stream()` and get one full
+update at the end, so code fences that arrived in pieces render right. The view
+is anchored: it follows the stream while the user is at the bottom and stays
+put once they scroll up (Textual restores the anchor when they scroll back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Optional
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Label, Markdown, ProgressBar, Static
+
+_CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+_CONTROL[0x7F] = 0x2421
+_FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^(?P=fence)[ \t]*$|\Z)", re.M | re.S)
+
+
+def visible(text: str) -> str:
+    """Control characters as their Unicode pictures: a random or confused model must not drive the terminal."""
+    return text.translate(_CONTROL)
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The bodies of fenced code blocks, in order (an unclosed fence runs to the end)."""
+    return [m.group("body").rstrip("\n") for m in _FENCE.finditer(markdown)]
+
+
+class MessageHeader(Static):
+    """The role line; its copy links act on the message it heads."""
+
+    def action_copy_message(self) -> None:
+        if isinstance(self.parent, MessageBlock):
+            self.parent.action_copy_message()
+
+    def action_copy_code(self) -> None:
+        if isinstance(self.parent, MessageBlock):
+            self.parent.action_copy_code()
+
+
+class MessageBlock(Vertical, can_focus=True):
+    """One message. Focus it (click or tab) and press c to copy it, y for its code."""
+
+    BINDINGS = [
+        Binding("c", "copy_message", "Copy"),
+        Binding("y", "copy_code", "Copy code"),
+    ]
+    ROLE = "message"
+
+    def __init__(self, text: str = "", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.raw_text = text
+        self.add_class(f"-{self.ROLE}")
+
+    def header_text(self) -> str:
+        links = "[@click=copy_message]copy[/]"
+        if code_blocks(self.raw_text):
+            links += "  [@click=copy_code]copy code[/]"
+        return f"[b]{self.ROLE}[/b]  [dim]{links}[/dim]"
+
+    def compose_header(self) -> MessageHeader:
+        return MessageHeader(self.header_text(), classes="message-header")
+
+    def refresh_header(self) -> None:
+        for header in self.query(MessageHeader):
+            header.update(self.header_text())
+
+    def action_copy_message(self) -> None:
+        self.app.copy_to_clipboard(self.raw_text)
+        self.app.notify(f"Copied the {self.ROLE} message ({len(self.raw_text)} characters)", timeout=2)
+
+    def action_copy_code(self) -> None:
+        blocks = code_blocks(self.raw_text)
+        if not blocks:
+            self.app.notify("This message has no code blocks", severity="warning", timeout=2)
+            return
+        self.app.copy_to_clipboard("\n\n".join(blocks))
+        self.app.notify(f"Copied {len(blocks)} code block{'s' if len(blocks) > 1 else ''}", timeout=2)
+
+
+class UserMessage(MessageBlock):
+    ROLE = "you"
+
+    def compose(self) -> ComposeResult:
+        yield self.compose_header()
+        yield Static(visible(self.raw_text), markup=False, classes="message-body")
+
+
+class SystemPromptMessage(MessageBlock):
+    ROLE = "system"
+
+    def compose(self) -> ComposeResult:
+        yield self.compose_header()
+        yield Static(visible(self.raw_text), markup=False, classes="message-body")
+
+
+class AssistantMessage(MessageBlock):
+    ROLE = "assistant"
+
+    def __init__(self, text: str = "", footer: str = "", **kwargs) -> None:
+        super().__init__(text, **kwargs)
+        self._footer = footer
+
+    def compose(self) -> ComposeResult:
+        yield self.compose_header()
+        yield Markdown(visible(self.raw_text), classes="message-body")
+        yield Static(self._footer, classes="message-footer", markup=False)
+
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    def set_footer(self, text: str) -> None:
+        self._footer = text
+        footer = self.query_one(".message-footer", Static)
+        footer.update(text)
+        footer.display = bool(text)
+
+    def on_mount(self) -> None:
+        self.query_one(".message-footer").display = bool(self._footer)
+
+
+class AssistantHandle:
+    """Feeds one streaming reply. `append` is cheap and ordered; `finish` renders the whole text once."""
+
+    def __init__(self, message: AssistantMessage, mounted) -> None:
+        self.message = message
+        self._mounted = asyncio.ensure_future(mounted)
+        self._parts: list[str] = []
+        self._buffer: list[str] = []
+        self._drain: Optional[asyncio.Task] = None
+        self._stream = None
+        self.finished = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def append(self, text: str) -> None:
+        if not text or self.finished:
+            return
+        self._parts.append(text)
+        self.message.raw_text = self.text
+        self._buffer.append(visible(text))
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        await self._mounted
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.message.body)
+        while self._buffer:
+            chunk = "".join(self._buffer)
+            self._buffer.clear()
+            await self._stream.write(chunk)
+
+    def finish(self, full_text: Optional[str] = None, footer: str = "") -> asyncio.Task:
+        """End the stream; `full_text` (the engine's final text) replaces what was streamed."""
+        self.finished = True
+        return asyncio.create_task(self._finish(full_text, footer))
+
+    async def _finish(self, full_text: Optional[str], footer: str) -> None:
+        if self._drain is not None:
+            await self._drain
+        await self._mounted
+        if self._stream is not None:
+            await self._stream.stop()
+        text = self.text if full_text is None else full_text
+        self.message.raw_text = text
+        await self.message.body.update(visible(text) if text else "*(empty reply)*")
+        self.message.set_footer(footer)
+        self.message.refresh_header()
+
+
+class Note(Static):
+    """A line from the app itself: an error, a notice, a hint."""
+
+    def __init__(self, text: str, severity: str = "information", **kwargs) -> None:
+        super().__init__(text, markup=False, **kwargs)
+        self.add_class(f"-{severity}")
+
+
+class LoadingPanel(Vertical):
+    """Shown while a model loads: what is happening and how far along."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        yield Label(f"Loading {self.model}", classes="loading-title", markup=False)
+        yield Label("starting", classes="loading-stage", markup=False)
+        yield ProgressBar(total=100, show_eta=False)
+
+    def set_progress(self, stage: str, fraction: float) -> None:
+        self.query_one(".loading-stage", Label).update(stage)
+        self.query_one(ProgressBar).update(progress=max(0.0, min(1.0, fraction)) * 100)
+
+
+class ChatView(VerticalScroll):
+    """The conversation pane."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def _add(self, widget):
+        mounted = self.mount(widget)
+        return widget, mounted
+
+    def add_user(self, text: str) -> UserMessage:
+        return self._add(UserMessage(text))[0]
+
+    def add_system(self, text: str) -> SystemPromptMessage:
+        return self._add(SystemPromptMessage(text))[0]
+
+    def add_assistant(self, text: str, footer: str = "") -> AssistantMessage:
+        """A finished reply (a session opened from disk)."""
+        return self._add(AssistantMessage(text, footer))[0]
+
+    def start_assistant(self) -> AssistantHandle:
+        message, mounted = self._add(AssistantMessage())
+        return AssistantHandle(message, mounted)
+
+    def add_note(self, text: str, severity: str = "information") -> Note:
+        return self._add(Note(text, severity))[0]
+
+    def show_loading(self, model: str) -> LoadingPanel:
+        self.hide_loading()
+        return self._add(LoadingPanel(model))[0]
+
+    def hide_loading(self) -> None:
+        self.query(LoadingPanel).remove()
+
+    @property
+    def loading_panel(self) -> Optional[LoadingPanel]:
+        panels = self.query(LoadingPanel)
+        return panels.first() if panels else None
+
+    def messages(self) -> list[MessageBlock]:
+        return list(self.query(MessageBlock))
+
+    def last_assistant(self) -> Optional[AssistantMessage]:
+        found = self.query(AssistantMessage)
+        return found.last() if found else None
+
+    async def clear(self) -> None:
+        await self.remove_children()

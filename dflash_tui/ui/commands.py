@@ -1,0 +1,208 @@
+"""Slash commands typed in the prompt, the command palette's entries, and the help screen."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+from dflash_tui.config import VALIDATORS, BadValue
+
+if TYPE_CHECKING:
+    from dflash_tui.ui.app import DFlashApp
+
+
+@dataclass(frozen=True)
+class SlashCommand:
+    name: str
+    args: str
+    help: str
+    run: Callable[["DFlashApp", str], Awaitable[None]]
+
+
+# -- handlers: each gets the app and the text after the command name ---------
+async def _new(app: "DFlashApp", arg: str) -> None:
+    await app.action_new_chat()
+
+
+async def _system(app: "DFlashApp", arg: str) -> None:
+    app.set_system_prompt(arg)
+
+
+def _setting(key: str, label: str) -> Callable[["DFlashApp", str], Awaitable[None]]:
+    async def run(app: "DFlashApp", arg: str) -> None:
+        if not arg:
+            app.notify(f"{label} is {app.describe_setting(key)}", title=f"/{_NAME_OF[key]}")
+            return
+        try:
+            value = VALIDATORS[key](arg)
+        except BadValue as exc:
+            app.notify(f"{label} {exc}", title=f"/{_NAME_OF[key]}", severity="error")
+            return
+        app.change_setting(key, value)
+
+    return run
+
+
+async def _baseline(app: "DFlashApp", arg: str) -> None:
+    if arg:
+        try:
+            value = VALIDATORS["trust_remote_code"](arg)  # the same on/off parser
+        except BadValue as exc:
+            app.notify(f"/baseline {exc}", severity="error")
+            return
+    else:
+        value = not app.baseline
+    app.set_baseline(value)
+
+
+async def _model(app: "DFlashApp", arg: str) -> None:
+    parts = arg.split()
+    if not parts:
+        app.action_pick_model()
+    elif len(parts) > 2:
+        app.notify("usage: /model [MODEL [DRAFT]]", severity="error")
+    else:
+        app.load_model(parts[0], parts[1] if len(parts) > 1 else None, remember=True)
+
+
+async def _theme(app: "DFlashApp", arg: str) -> None:
+    if not arg:
+        app.search_themes()
+        return
+    if arg not in app.available_themes:
+        close = difflib.get_close_matches(arg, list(app.available_themes), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        app.notify(f"no theme named '{arg}'{hint}", severity="error")
+        return
+    app.theme = arg
+
+
+async def _save(app: "DFlashApp", arg: str) -> None:
+    app.save_session(announce=True)
+
+
+async def _export(app: "DFlashApp", arg: str) -> None:
+    app.export_conversation(arg or None)
+
+
+async def _help(app: "DFlashApp", arg: str) -> None:
+    app.action_help()
+
+
+async def _retry(app: "DFlashApp", arg: str) -> None:
+    app.action_regenerate()
+
+
+COMMANDS: list[SlashCommand] = [
+    SlashCommand("new", "", "start a new conversation", _new),
+    SlashCommand("system", "[TEXT]", "set the system prompt; no text clears it", _system),
+    SlashCommand("temp", "[T]", "sampling temperature (0 = greedy)", _setting("temperature", "temperature")),
+    SlashCommand("top-p", "[P]", "nucleus sampling: keep the top tokens up to probability P", _setting("top_p", "top-p")),
+    SlashCommand("block", "[N]", "DFlash block size (0 = the draft's own)", _setting("block_size", "block size")),
+    SlashCommand("max-tokens", "[N]", "longest reply, in tokens", _setting("max_tokens", "max tokens")),
+    SlashCommand("baseline", "[on|off]", "toggle target-only decoding, for A/B against DFlash", _baseline),
+    SlashCommand("model", "[MODEL [DRAFT]]", "load another pair; no argument opens the picker", _model),
+    SlashCommand("theme", "[NAME]", "switch theme; no name opens the theme picker", _theme),
+    SlashCommand("save", "", "save the session now (it is also saved after every reply)", _save),
+    SlashCommand("export", "[PATH]", "write the conversation as Markdown", _export),
+    SlashCommand("retry", "", "regenerate the last reply", _retry),
+    SlashCommand("help", "", "commands and keys", _help),
+]
+BY_NAME = {c.name: c for c in COMMANDS}
+_NAME_OF = {"temperature": "temp", "top_p": "top-p", "block_size": "block", "max_tokens": "max-tokens"}
+
+
+def parse(text: str) -> Optional[tuple[str, str]]:
+    """'/temp 0.7' -> ('temp', '0.7'); None when the text is not a command."""
+    text = text.strip()
+    if not text.startswith("/") or text.startswith("//") or len(text) < 2:
+        return None
+    name, _, arg = text[1:].partition(" ")
+    return name.lower(), arg.strip()
+
+
+async def run_slash(app: "DFlashApp", text: str) -> bool:
+    """Run a slash command; returns False when `text` is not one (send it as a message)."""
+    parsed = parse(text)
+    if parsed is None:
+        return False
+    name, arg = parsed
+    command = BY_NAME.get(name)
+    if command is None:
+        close = difflib.get_close_matches(name, list(BY_NAME), n=1)
+        hint = f" — did you mean /{close[0]}?" if close else " — /help lists them"
+        app.notify(f"unknown command /{name}{hint}", severity="error")
+        return True
+    await command.run(app, arg)
+    return True
+
+
+def slash_suggestions() -> list[str]:
+    return [f"/{c.name}" for c in COMMANDS]
+
+
+# -- the command palette ------------------------------------------------------
+class DFlashProvider(Provider):
+    """dflash-tui's own entries in the command palette (ctrl+p)."""
+
+    def _entries(self) -> list[tuple[str, str, Callable[[], object]]]:
+        app: DFlashApp = self.app  # type: ignore[assignment]
+        return [
+            ("New conversation", "Start over with the same model", app.action_new_chat),
+            ("Regenerate last reply", "Ask the model for the last reply again", app.action_regenerate),
+            ("Stop generation", "Stop the reply that is streaming (Esc)", app.action_stop),
+            ("Toggle baseline", "Target-only decoding on/off, to compare with DFlash", lambda: app.set_baseline(not app.baseline)),
+            ("Load a model", "Pick a target/draft pair", app.action_pick_model),
+            ("Sessions", "Open, replay, rename or delete saved sessions", app.action_sessions),
+            ("Copy last reply", "Copy the last assistant message", app.action_copy_reply),
+            ("Copy code from last reply", "Copy the code blocks of the last assistant message", app.action_copy_code),
+            ("Save session", "Write the session file now", lambda: app.save_session(announce=True)),
+            ("Export conversation", "Write the conversation as Markdown", lambda: app.export_conversation(None)),
+            ("Help", "Slash commands and keys", app.action_help),
+        ]
+
+    async def discover(self) -> Hits:
+        for title, help_text, callback in self._entries():
+            yield DiscoveryHit(title, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for title, help_text, callback in self._entries():
+            score = matcher.match(title)
+            if score > 0:
+                yield Hit(score, matcher.highlight(title), callback, help=help_text)
+
+
+# -- help ----------------------------------------------------------------------
+def help_markdown(keys: list[tuple[str, str]]) -> str:
+    lines = ["# dflash-tui", "", "Type a message and press **Enter**. Lines starting with `/` are commands.", "",
+             "## Commands", "", "| command | what it does |", "| --- | --- |"]
+    for c in COMMANDS:
+        lines.append(f"| `/{c.name}{(' ' + c.args) if c.args else ''}` | {c.help} |")
+    lines += ["", "## Keys", "", "| key | what it does |", "| --- | --- |"]
+    lines += [f"| `{key}` | {what} |" for key, what in keys]
+    lines += ["", "Settings changed with commands last for this run; the theme and a model picked in the app are remembered in config.toml."]
+    return "\n".join(lines)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,f1", "dismiss", "Close")]
+
+    def __init__(self, keys: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body"):
+            yield Markdown(help_markdown(self.keys))
+
+    def action_dismiss(self) -> None:
+        self.dismiss(None)

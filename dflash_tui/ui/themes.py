@@ -1,0 +1,91 @@
+"""Theme files (TOML) → `textual.theme.Theme`: the bundled ones plus the user's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from textual.color import Color, ColorParseError
+from textual.theme import Theme
+
+from dflash_tui.config import user_themes_dir
+
+COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground", "background", "surface", "panel", "boost")
+
+
+class ThemeError(ValueError):
+    pass
+
+
+def bundled_themes_dir() -> Path:
+    """`themes/` beside the package (a source checkout), else inside it (an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parents[1] / "themes", here.parent / "themes"):
+        if candidate.is_dir():
+            return candidate
+    return here.parents[1] / "themes"
+
+
+def theme_from_dict(data: dict[str, Any], source: str = "theme") -> Theme:
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ThemeError(f"{source}: needs a 'name'")
+    if "primary" not in data:
+        raise ThemeError(f"{source}: needs a 'primary' colour")
+    colors: dict[str, str] = {}
+    for key in COLOR_KEYS:
+        if key in data:
+            value = data[key]
+            try:
+                Color.parse(value)
+            except (ColorParseError, TypeError, ValueError):
+                raise ThemeError(f"{source}: '{key}' is not a colour: {value!r}") from None
+            colors[key] = value
+    unknown = set(data) - set(COLOR_KEYS) - {"name", "dark", "variables", "luminosity_spread", "text_alpha"}
+    if unknown:
+        raise ThemeError(f"{source}: unknown keys {sorted(unknown)}")
+    dark = data.get("dark", True)
+    if not isinstance(dark, bool):
+        raise ThemeError(f"{source}: 'dark' must be true or false")
+    variables = data.get("variables", {})
+    if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
+        raise ThemeError(f"{source}: 'variables' must be a table of strings")
+    extra: dict[str, Any] = {}
+    for key in ("luminosity_spread", "text_alpha"):
+        if key in data:
+            if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
+                raise ThemeError(f"{source}: '{key}' must be a number")
+            extra[key] = float(data[key])
+    return Theme(name=name.strip(), dark=dark, variables=dict(variables), **colors, **extra)
+
+
+def load_theme_file(path: Path) -> Theme:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ThemeError(f"{path}: cannot be read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ThemeError(f"{path}: not valid TOML: {exc}") from None
+    return theme_from_dict(data, str(path))
+
+
+def load_themes(dirs: Optional[Iterable[Path]] = None) -> tuple[list[Theme], list[str]]:
+    """Every *.toml theme in `dirs` (bundled, then the user's: later ones win); bad files are reported."""
+    themes: dict[str, Theme] = {}
+    problems: list[str] = []
+    for folder in dirs if dirs is not None else (bundled_themes_dir(), user_themes_dir()):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.toml")):
+            try:
+                theme = load_theme_file(path)
+            except ThemeError as exc:
+                problems.append(str(exc))
+                continue
+            themes[theme.name] = theme
+    return list(themes.values()), problems

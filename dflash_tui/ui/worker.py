@@ -1,0 +1,289 @@
+"""The engine worker: one long-lived thread that owns the models.
+
+MLX's generation stream is per thread, so loading and generating happen in the
+same thread, started once through Textual's worker API. The UI talks to it
+through a queue of requests and hears back through typed Messages; blocks are
+coalesced so the UI re-renders a few times a second, not once per token.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from textual.message import Message
+from textual.worker import Worker, get_current_worker
+
+from dflash_tui.ui import messages as msg
+
+FLUSH_INTERVAL_S = 0.05
+PROBE_PROMPT = "Write a short paragraph about the sea."
+
+
+# -- requests --------------------------------------------------------------
+@dataclass
+class Load:
+    model: str
+    draft: Optional[str] = None
+    trust_remote_code: bool = False
+    probe_tokens: int = 32
+    system: Optional[str] = None
+
+
+@dataclass
+class Generate:
+    turn_id: int
+    text: Optional[str]  # None: regenerate the last reply
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class NewConversation:
+    system: Optional[str] = None
+
+
+@dataclass
+class SetSystem:
+    text: Optional[str]
+
+
+@dataclass
+class Restore:
+    """Replace the conversation's messages (a session opened from disk)."""
+
+    messages: list[dict[str, str]]
+
+
+class _Stop:
+    pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def device_name() -> str:
+    import mlx.core as mx
+
+    dev = mx.default_device()
+    kind = "gpu" if dev.type == mx.gpu else "cpu"
+    try:
+        info = mx.device_info()
+    except Exception:  # not every backend reports
+        info = {}
+    name = info.get("device_name") or info.get("architecture") or ""
+    return f"{kind} · {name}" if name else kind
+
+
+class EngineWorker:
+    """Owns the pair and the Conversation; every MLX call happens in its thread."""
+
+    def __init__(self, post: Callable[[Message], Any], flush_interval: float = FLUSH_INTERVAL_S) -> None:
+        self._post = post
+        self._queue: "queue.Queue[object]" = queue.Queue()
+        self._cancel = threading.Event()
+        self._flush_interval = flush_interval
+        self._worker: Optional[Worker] = None
+        self.thread_id: Optional[int] = None
+        self.pair = None
+        self.conversation = None
+        self._peak = 0  # MLX's peak is reset each turn; the meter shows the peak since load
+
+    # -- called from the UI thread ----------------------------------------
+    def start(self, app) -> Worker:
+        self._worker = app.run_worker(self._run, name="engine", group="engine", thread=True, exit_on_error=False)
+        return self._worker
+
+    def submit(self, request: object) -> None:
+        if isinstance(request, Generate):
+            self._cancel.clear()
+        self._queue.put(request)
+
+    def cancel(self) -> None:
+        """Stop the running generation after the current cycle; what was produced is kept."""
+        self._cancel.set()
+
+    def stop(self) -> None:
+        self._cancel.set()
+        self._queue.put(_Stop())
+
+    # -- the thread --------------------------------------------------------
+    def _stopping(self) -> bool:
+        worker = self._worker
+        return worker is not None and worker.is_cancelled
+
+    def _should_cancel(self) -> bool:
+        return self._cancel.is_set() or self._stopping()
+
+    def _run(self) -> None:
+        self.thread_id = threading.get_ident()
+        self._worker = self._worker or get_current_worker()
+        while not self._stopping():
+            try:
+                request = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if isinstance(request, _Stop):
+                break
+            try:
+                self._handle(request)
+            except Exception as exc:  # the worker must outlive any one request
+                turn = getattr(request, "turn_id", -1)
+                if isinstance(request, Generate):
+                    self._post(msg.TurnFailed(turn, f"generation failed: {_first_line(exc)}"))
+                elif isinstance(request, Load):
+                    self._post(msg.EngineFailed(request.model, f"could not load {request.model}: {_first_line(exc)}"))
+                else:
+                    self._post(msg.EngineNotice(f"engine error: {_first_line(exc)}", "error"))
+
+    def _handle(self, request: object) -> None:
+        if isinstance(request, Load):
+            self._load(request)
+        elif isinstance(request, Generate):
+            self._generate(request)
+        elif isinstance(request, NewConversation):
+            if self.conversation is not None:
+                self.conversation.reset(system=request.system or None)
+        elif isinstance(request, SetSystem):
+            if self.conversation is not None:
+                self._set_system(request.text or None)
+        elif isinstance(request, Restore):
+            if self.conversation is not None:
+                self.conversation.messages = [dict(m) for m in request.messages]
+                system = next((m["content"] for m in request.messages if m["role"] == "system"), None)
+                self.conversation.system = system
+
+    def _set_system(self, text: Optional[str]) -> None:
+        conv = self.conversation
+        rest = [m for m in conv.messages if m["role"] != "system"]
+        conv.system = text
+        # the next turn re-renders the whole conversation, so the caches follow by themselves
+        conv.messages = ([{"role": "system", "content": text}] if text else []) + rest
+
+    def _load(self, req: Load) -> None:
+        from dflash_tui.engine.conversation import Conversation
+        from dflash_tui.engine.loading import load_pair
+        from dflash_tui.errors import UserError
+
+        tic = time.perf_counter()
+        self._post(msg.EngineLoading(req.model, "starting", 0.0))
+
+        def progress(stage: str, fraction: float) -> None:
+            self._post(msg.EngineLoading(req.model, stage, fraction))
+
+        # drop the old pair first: two models at once may not fit
+        self.pair = self.conversation = None
+        self._peak = 0
+        try:
+            pair = load_pair(req.model, req.draft or None, trust_remote_code=req.trust_remote_code, progress=progress)
+        except UserError as exc:
+            self._post(msg.EngineFailed(req.model, str(exc)))
+            return
+        except MemoryError:
+            self._post(msg.EngineFailed(req.model, f"out of memory while loading {req.model}"))
+            return
+        self.pair = pair
+        self.conversation = Conversation(pair, system=req.system or None)
+        tokenizer = pair.target.tokenizer
+        block = pair.draft.config.block_size if pair.draft is not None else 1
+        self._post(msg.EngineReady(pair.target_name, pair.draft_name, device_name(), block,
+                                   _decoder(tokenizer), time.perf_counter() - tic))
+        self._sample_memory()
+        if req.probe_tokens > 0:
+            try:
+                self._probe(req.probe_tokens)
+            except Exception as exc:  # the pair works; only the speedup stays unknown
+                self._post(msg.BaselineMeasured(None, "probe"))
+                self._post(msg.EngineNotice(f"baseline probe failed: {_first_line(exc)}", "warning"))
+
+    def _probe(self, tokens: int) -> None:
+        """Measure the target alone on a short prompt, so the meter's speedup is measured, not guessed."""
+        from dflash_tui.engine.conversation import GenerationSettings
+
+        conv = self.conversation
+        prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])
+        for _ in conv.generate_tokens(prompt, GenerationSettings(max_tokens=4, baseline=True), self._should_cancel):
+            pass  # warm-up: the first forwards pay for kernel compilation
+        done = None
+        for ev in conv.generate_tokens(prompt, GenerationSettings(max_tokens=tokens, baseline=True), self._should_cancel):
+            done = ev
+        tps = None
+        if done is not None and done.type == "done" and len(done.tokens) >= 4:
+            tps = done.stats.get("decode_tps") or None
+        self._post(msg.BaselineMeasured(tps, "probe"))
+
+    def _generate(self, req: Generate) -> None:
+        from dflash_tui.engine.conversation import GenerationSettings
+
+        conv = self.conversation
+        if conv is None:
+            self._post(msg.TurnFailed(req.turn_id, "no model is loaded"))
+            return
+        settings = GenerationSettings(**req.settings)
+        events = (
+            conv.generate(req.text, settings, self._should_cancel)
+            if req.text is not None
+            else conv.regenerate(settings, self._should_cancel)
+        )
+        pending: list = []
+        last_flush = last_event = time.perf_counter()
+        last_memory = 0.0
+
+        def flush(now: float) -> None:
+            nonlocal pending, last_flush, last_memory
+            if pending:
+                self._post(msg.TurnBlocks(req.turn_id, pending, now - last_flush))
+                pending = []
+            last_flush = now
+            if now - last_memory > 0.5:
+                self._sample_memory()
+                last_memory = now
+
+        for ev in events:
+            now = time.perf_counter()
+            if ev.type == "prefill":
+                self._post(msg.TurnPrefill(req.turn_id, ev))
+                last_flush = now
+            elif ev.type == "block":
+                pending.append(ev)
+                # slow cycles go out at once; fast ones are batched up to the flush interval
+                if now - last_flush >= self._flush_interval or now - last_event >= self._flush_interval:
+                    flush(now)
+            elif ev.type == "done":
+                flush(now)
+                self._sample_memory()
+                self._post(msg.TurnDone(req.turn_id, ev, [dict(m) for m in conv.messages]))
+                if ev.stats.get("mode") == "baseline" and ev.finish_reason != "cancelled" and len(ev.tokens) >= 4:
+                    self._post(msg.BaselineMeasured(ev.stats.get("decode_tps") or None, "turn"))
+            elif ev.type == "error":
+                flush(now)
+                self._post(msg.TurnFailed(req.turn_id, ev.message))
+            last_event = now
+
+    def _sample_memory(self) -> None:
+        import mlx.core as mx
+        import psutil
+
+        self._peak = max(self._peak, mx.get_peak_memory())
+        self._post(msg.MemorySample(mx.get_active_memory(), self._peak, psutil.Process().memory_info().rss))
+
+
+def _decoder(tokenizer) -> Callable[[int], str]:
+    """Token id -> its own text (cached: the acceptance view asks for the same ids again and again)."""
+    cache: dict[int, str] = {}
+
+    def decode(token_id: int) -> str:
+        text = cache.get(token_id)
+        if text is None:
+            try:
+                text = tokenizer.decode([token_id])
+            except Exception:  # an id the tokenizer does not know
+                text = f"<{token_id}>"
+            cache[token_id] = text
+        return text
+
+    return decode

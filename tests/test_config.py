@@ -1,0 +1,91 @@
+"""config.toml: defaults, env-var dirs, bad files reported and never overwritten, keys kept on write."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from dflash_tui import config as cfgmod
+from dflash_tui.config import BadValue, Config, VALIDATORS, config_path, data_dir, load_config, save_settings
+
+
+def test_dirs_follow_the_env_vars(tmp_path, monkeypatch):
+    monkeypatch.setenv("DFLASH_TUI_CONFIG_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("DFLASH_TUI_DATA_DIR", str(tmp_path / "d"))
+    assert config_path() == tmp_path / "c" / "config.toml"
+    assert data_dir() == tmp_path / "d"
+    monkeypatch.delenv("DFLASH_TUI_CONFIG_DIR")
+    assert cfgmod.config_dir() == cfgmod.platformdirs.user_config_path("dflash-tui")
+
+
+def test_missing_file_gives_defaults_and_is_writable():
+    loaded = load_config()
+    assert loaded.config == Config()
+    assert loaded.problems == [] and loaded.writable and loaded.message is None
+
+
+def test_values_are_read(tmp_path):
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('model = "m"\ndraft = "d"\ntemperature = 0.7\nblock_size = 8\ntheme = "dflash-light"\n')
+    c = load_config().config
+    assert (c.model, c.draft, c.temperature, c.block_size, c.theme) == ("m", "d", 0.7, 8, "dflash-light")
+    assert c.generation()["block_size"] == 8
+
+
+def test_invalid_toml_falls_back_and_is_never_overwritten():
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    broken = 'theme = "dflash-light"\nmax_tokens = [\n'
+    path.write_text(broken)
+    loaded = load_config()
+    assert loaded.config == Config()
+    assert "not valid TOML" in loaded.message and str(path) in loaded.message
+    assert not loaded.writable
+    with pytest.raises(PermissionError):
+        save_settings(loaded, theme="dflash-amber")
+    assert path.read_text() == broken
+
+
+def test_bad_values_fall_back_one_by_one():
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('temperature = "hot"\nmax_tokens = 0\ntop_p = 0.5\nblock_size = 1\n')
+    loaded = load_config()
+    c = loaded.config
+    assert c.temperature == 0.0 and c.max_tokens == 512 and c.block_size == 0
+    assert c.top_p == 0.5  # the good one is kept
+    for key in ("'temperature'", "'max_tokens'", "'block_size'"):
+        assert key in loaded.message
+    assert not loaded.writable
+
+
+def test_unknown_keys_are_reported_and_kept_on_write():
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('future_thing = 3\ntheme = "dflash-dark"\n')
+    loaded = load_config()
+    assert "unknown setting 'future_thing'" in loaded.message
+    assert loaded.writable
+    save_settings(loaded, theme="dflash-amber")
+    data = tomllib.loads(path.read_text())
+    assert data == {"future_thing": 3, "theme": "dflash-amber"}
+
+
+def test_save_creates_the_dir_and_validates():
+    loaded = load_config()
+    save_settings(loaded, theme="dflash-light", model="x/y")
+    assert tomllib.loads(config_path().read_text()) == {"theme": "dflash-light", "model": "x/y"}
+    with pytest.raises(BadValue):
+        save_settings(loaded, max_tokens=-3)
+
+
+@pytest.mark.parametrize(
+    "key,good,bad",
+    [("temperature", "0.7", "-1"), ("top_p", "0.9", "0"), ("block_size", "4", "1"), ("max_tokens", "64", "zero")],
+)
+def test_validators(key, good, bad):
+    assert VALIDATORS[key](good) == type(getattr(Config(), key))(good)
+    with pytest.raises(BadValue):
+        VALIDATORS[key](bad)
