@@ -43,6 +43,7 @@ def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     parts = [f"{n} tokens"]
     if stats.get("mode") == "dflash":
         parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
+        parts.append(f"{100 * stats.get('acceptance', 0):.0f}% accepted")
     else:
         parts.append("target only")
     if stats.get("decode_tps"):
@@ -95,13 +96,16 @@ class DFlashApp(App[None]):
         self.target_name: Optional[str] = None
         self.draft_name: Optional[str] = None
         self.draft_block_size = 0
+        self.device: Optional[str] = None
+        self.baseline_tps: Optional[float] = None
         self.generating = False
         self.turn_id = 0
         self._handle: Optional[AssistantHandle] = None
         self._turn_user_text: Optional[str] = None
-        self._trace: list[dict[str, Any]] = []
+        self._recorder = None  # the turn's TraceRecorder
         self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
         self._theme_save_timer = None
+        self._session_after_load = None
         self.session = None
         self.session_store = None
 
@@ -231,10 +235,16 @@ class DFlashApp(App[None]):
             self.chat.add_note("System prompt cleared.")
 
     # -- model loading -------------------------------------------------------
-    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False) -> None:
+    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False, keep_chat: bool = False) -> None:
+        """Load a pair in the engine thread; a new pair starts a new conversation unless `keep_chat`."""
         if self.generating:
             self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
             return
+        if not keep_chat and self.chat.messages():
+            self.chat.clear()
+            self.session = None
+            if self.system_prompt:
+                self.chat.add_system(self.system_prompt)
         self.model_state = "loading"
         self._pending_load = (model, draft, remember)
         self.chat.show_loading(model)
@@ -250,7 +260,9 @@ class DFlashApp(App[None]):
         self.model_state = "ready"
         self.target_name, self.draft_name = message.target, message.draft
         self.draft_block_size = message.block_size
-        self.session = None  # a new pair is a new session
+        self.device = message.device
+        self.baseline_tps = None
+        self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
         self.acceptance.reset()
         self.acceptance.set_decoder(message.decoder)
         self.meter.set_pair(message.target, message.draft, message.device)
@@ -271,14 +283,16 @@ class DFlashApp(App[None]):
 
     def on_engine_failed(self, message: msg.EngineFailed) -> None:
         self.chat.hide_loading()
-        self.model_state = "failed" if self.target_name is None else "none"
+        self.model_state = "failed"  # the worker dropped the old pair before loading this one
         self.target_name = self.draft_name = None
+        self._pending_load = self._session_after_load = None
         self.chat.add_note(f"Could not load the model. {message.message}", "error")
         self.chat.add_note("Pick another one with ctrl+l or /model.")
         self.meter.set_pair("—", None, "no model")
         self.notify(message.message, title="model not loaded", severity="error", timeout=10)
 
     def on_baseline_measured(self, message: msg.BaselineMeasured) -> None:
+        self.baseline_tps = message.tokens_per_second
         self.meter.set_baseline_tps(message.tokens_per_second)
 
     def on_memory_sample(self, message: msg.MemorySample) -> None:
@@ -314,7 +328,9 @@ class DFlashApp(App[None]):
         self.turn_id += 1
         self.generating = True
         self._turn_user_text = text
-        self._trace = []
+        from dflash_tui.sessions import TraceRecorder
+
+        self._recorder = TraceRecorder()
         if text is not None:
             self.chat.add_user(text)
         self._handle = self.chat.start_assistant()
@@ -329,7 +345,7 @@ class DFlashApp(App[None]):
     def on_turn_prefill(self, message: msg.TurnPrefill) -> None:
         if self._current(message.turn_id):
             self.meter.on_prefill(message.event)
-            self._trace.append(_event_dict(message.event))
+            self._recorder.add(message.event)
 
     def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
         if not self._current(message.turn_id):
@@ -337,14 +353,14 @@ class DFlashApp(App[None]):
         self.acceptance.add_blocks(message.blocks)
         self.meter.on_blocks(message.blocks, message.elapsed_s)
         self._handle.append(message.text)
-        self._trace.extend(_event_dict(b) for b in message.blocks)
+        self._recorder.add_blocks(message.blocks, message.elapsed_s)
 
     def on_turn_done(self, message: msg.TurnDone) -> None:
         if not self._current(message.turn_id):
             return
         ev = message.event
         self.meter.on_done(ev)
-        self._trace.append(_event_dict(ev))
+        self._recorder.add(ev)
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
         self._end_turn()
         self._record_turn(ev.text)
@@ -424,19 +440,23 @@ class DFlashApp(App[None]):
             return
         messages = [{"role": m.role, "content": m.content} for m in session.messages]
         await self.chat.clear()
-        for m in messages:
-            if m["role"] == "user":
-                self.chat.add_user(m["content"])
-            elif m["role"] == "assistant":
-                self.chat.add_assistant(m["content"])
-            elif m["role"] == "system":
-                self.chat.add_system(m["content"])
+        self.acceptance.reset()
+        for m in session.messages:
+            if m.role == "user":
+                self.chat.add_user(m.content)
+            elif m.role == "assistant":
+                done = m.done()
+                self.chat.add_assistant(m.content, reply_footer(done.stats, done.finish_reason) if done else "")
+            elif m.role == "system":
+                self.chat.add_system(m.content)
         self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
-        if session.target != self.target_name or (session.draft or None) != self.draft_name:
-            self.load_model(session.target, session.draft)
-        self.engine.submit(Restore(messages))
-        self.session = session
         self.chat.add_note(f"Opened session “{session.title}”.")
+        if session.target != self.target_name or (session.draft or None) != self.draft_name or self.model_state != "ready":
+            self._session_after_load = session
+            self.load_model(session.target, session.draft, keep_chat=True)
+        else:
+            self.session = session
+        self.engine.submit(Restore(messages))  # queued after the load, so it lands in the new conversation
 
     def action_copy_reply(self) -> None:
         focused = self.focused
@@ -487,14 +507,17 @@ class DFlashApp(App[None]):
         try:
             store = self._store()
             if self.session is None:
-                self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings())
+                self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings(),
+                                         device=self.device)
                 if self.system_prompt:
                     self.session.add_message("system", self.system_prompt, None)
             if self._turn_user_text is not None:
                 self.session.add_message("user", self._turn_user_text, None)
             else:
                 _drop_last_assistant(self.session)
-            self.session.add_message("assistant", reply, list(self._trace))
+            self.session.add_message("assistant", reply, list(self._recorder.trace))
+            if self.baseline_tps:
+                self.session.baseline_tps = self.baseline_tps
         except Exception as exc:  # recording must never break the chat
             self.notify(f"the session could not be recorded: {exc}", severity="error")
             return
@@ -515,27 +538,17 @@ class DFlashApp(App[None]):
             self.notify(f"Session saved{f' to {path}' if path else ''}", timeout=3)
 
     def export_conversation(self, path: Optional[str]) -> None:
-        blocks = [m for m in self.chat.messages()]
-        if not blocks:
+        """Markdown (or JSON, for a path ending in .json) through the session store's exporter."""
+        if self.session is None or not self.session.messages:
             self.notify("Nothing to export yet", severity="warning")
             return
-        lines = [f"# Conversation with {self.target_name or 'a model'}", ""]
-        for block in blocks:
-            lines += [f"## {block.ROLE}", "", block.raw_text, ""]
-        out = Path(path).expanduser() if path else data_dir() / "exports" / time.strftime("chat-%Y%m%d-%H%M%S.md")
+        fmt = "json" if path and path.lower().endswith(".json") else "markdown"
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text("\n".join(lines), encoding="utf-8")
+            out = self._store().export(self.session, fmt, Path(path) if path else None)
         except OSError as exc:
-            self.notify(f"could not write {out}: {exc}", severity="error")
+            self.notify(f"could not export: {exc}", severity="error")
             return
         self.notify(f"Exported to {out}", timeout=5)
-
-
-def _event_dict(event: Any) -> dict[str, Any]:
-    from dflash_tui.engine.events import event_to_dict
-
-    return event_to_dict(event)
 
 
 def _drop_last_assistant(session: Any) -> None:

@@ -249,5 +249,6 @@ class ChatView(VerticalScroll):
         found = self.query(AssistantMessage)
         return found.last() if found else None
 
-    async def clear(self) -> None:
-        await self.remove_children()
+    def clear(self):
+        """Remove every message (awaitable)."""
+        return self.remove_children()

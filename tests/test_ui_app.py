@@ -1,0 +1,384 @@
+"""Pilot tests of the chat app on the real engine with a tiny random-weight pair."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import tomllib
+
+import pytest
+
+from ui_support import install_placeholders
+
+install_placeholders()
+
+from dflash_tui.config import config_path, load_config  # noqa: E402
+from dflash_tui.engine import conversation as conversation_mod  # noqa: E402
+from dflash_tui.ui.acceptance import AcceptanceView  # noqa: E402
+from dflash_tui.ui.app import DFlashApp  # noqa: E402
+from dflash_tui.ui.chat_view import AssistantMessage, Note, UserMessage, visible  # noqa: E402
+from dflash_tui.ui.meter import SystemMeter  # noqa: E402
+
+SIZE = (120, 36)
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def wait_for(pilot, cond, timeout: float = 30.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def ready(pilot, app) -> None:
+    await wait_for(pilot, lambda: app.model_state in ("ready", "failed"), what="the model to load")
+    assert app.model_state == "ready"
+    # the baseline probe runs after load; wait for it so it does not overlap a test's turn
+    await wait_for(pilot, lambda: app.baseline_tps is not None or app.probe_tokens == 0, what="the baseline probe")
+
+
+async def send(pilot, app, text: str) -> None:
+    app.prompt.value = text
+    app.prompt.focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def finish_turn(pilot, app, timeout: float = 60.0) -> None:
+    await wait_for(pilot, lambda: not app.generating, timeout, "the reply to finish")
+    await pilot.pause(0.1)
+
+
+@pytest.fixture
+def engine_events(monkeypatch):
+    """Every event Conversation.generate/regenerate yields, as the engine made it, per call."""
+    calls: list[list] = []
+    for name in ("generate", "regenerate"):
+        original = getattr(conversation_mod.Conversation, name)
+
+        def wrapped(self, *args, _original=original, **kwargs):
+            events: list = []
+            calls.append(events)
+            for ev in _original(self, *args, **kwargs):
+                events.append(ev)
+                yield ev
+
+        monkeypatch.setattr(conversation_mod.Conversation, name, wrapped)
+    return calls
+
+
+@pytest.fixture
+def view_blocks(monkeypatch):
+    """The blocks the acceptance view was handed, in order."""
+    seen: list = []
+    original = AcceptanceView.add_blocks
+
+    def spy(self, blocks):
+        seen.extend(blocks)
+        return original(self, blocks)
+
+    monkeypatch.setattr(AcceptanceView, "add_blocks", spy)
+    return seen
+
+
+@pytest.fixture
+def oracle(monkeypatch, qwen3_dirs):
+    """A draft that is right ~70% of the time, so acceptance counts vary from cycle to cycle."""
+    from conftest import oracle_proposer, reference_tokens
+
+    from dflash_tui.engine.loading import load_pair
+
+    def install(user_text: str, max_tokens: int) -> None:
+        pair = load_pair(str(qwen3_dirs["target"]), str(qwen3_dirs["draft"]))
+        conv = conversation_mod.Conversation(pair)
+        prompt = conv.prompt_tokens([{"role": "user", "content": user_text}])
+        sequence = prompt + reference_tokens(pair, prompt, max_tokens)
+        monkeypatch.setattr(conversation_mod, "draft_proposals", oracle_proposer(sequence, error_rate=0.3))
+
+    return install
+
+
+def make_app(qwen3_dirs, **kw) -> DFlashApp:
+    kw.setdefault("probe_tokens", 8)
+    return DFlashApp(model=str(qwen3_dirs["target"]), draft=str(qwen3_dirs["draft"]), **kw)
+
+
+async def test_reply_streams_and_acceptance_rows_match_the_engine(qwen3_dirs, engine_events, view_blocks, oracle):
+    oracle("hello", 48)
+    app = make_app(qwen3_dirs)
+    app.options.max_tokens = 48
+    meter_calls = []
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        original = app.meter.on_blocks
+        app.meter.on_blocks = lambda blocks, elapsed: (meter_calls.append((len(blocks), elapsed)), original(blocks, elapsed))
+        await send(pilot, app, "hello")
+        await finish_turn(pilot, app)
+
+        (events,) = engine_events
+        blocks = [e for e in events if e.type == "block"]
+        done = events[-1]
+        assert done.type == "done" and done.finish_reason == "length"
+        # the view got every cycle, in order, with the engine's own accepted counts
+        assert [(b.index, b.accepted, b.drafted) for b in view_blocks] == [(b.index, b.accepted, b.drafted) for b in blocks]
+        assert len({b.accepted for b in blocks if b.drafted}) > 1, "the oracle draft should give varied acceptance"
+        # the conversation shows the user's text and the engine's final reply
+        users = app.chat.query(UserMessage)
+        replies = app.chat.query(AssistantMessage)
+        assert [u.raw_text for u in users] == ["hello"]
+        assert len(replies) == 1 and replies[0].raw_text == done.text
+        assert "48 tokens" in replies[0]._footer
+        # the meter saw the blocks, in batches covering all of them
+        assert sum(n for n, _ in meter_calls) == len(blocks)
+        assert all(elapsed >= 0 for _, elapsed in meter_calls)
+
+
+async def test_escape_stops_within_one_cycle_and_keeps_the_text(qwen3_dirs, engine_events):
+    app = make_app(qwen3_dirs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "/max-tokens 100000")
+        assert app.options.max_tokens == 100000
+        await send(pilot, app, "tell me everything")
+        await wait_for(pilot, lambda: engine_events and len(engine_events[0]) > 20, what="some blocks")
+        yielded_at_escape = len(engine_events[0])
+        await pilot.press("escape")
+        await finish_turn(pilot, app, timeout=10)
+        events = engine_events[0]
+        done = events[-1]
+        assert done.type == "done" and done.finish_reason == "cancelled"
+        # at most the cycle already running when Esc arrived, then Done
+        assert len(events) <= yielded_at_escape + 2
+        reply = app.chat.query(AssistantMessage).last()
+        assert reply.raw_text == done.text and done.text
+        assert "stopped" in reply._footer
+        # the partial reply stays in the conversation for the next turn
+        assert app.engine.conversation.messages[-1] == {"role": "assistant", "content": done.text}
+
+
+async def test_slash_commands_change_the_settings_the_engine_gets(qwen3_dirs, engine_events):
+    app = make_app(qwen3_dirs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        for command in ("/temp 0.5", "/top-p 0.9", "/block 4", "/max-tokens 7"):
+            await send(pilot, app, command)
+        assert (app.options.temperature, app.options.top_p, app.options.block_size, app.options.max_tokens) == (0.5, 0.9, 4, 7)
+        settings = app.generation_settings()
+        assert settings["temperature"] == 0.5 and settings["top_p"] == 0.9 and settings["block_size"] == 4
+
+        await send(pilot, app, "/temp 0")
+        await send(pilot, app, "hi")
+        await finish_turn(pilot, app)
+        events = engine_events[-1]
+        assert events[-1].stats["block_size"] == 4
+        assert len(events[-1].tokens) <= 7
+        assert all(len(e.drafted) <= 3 for e in events if e.type == "block")
+
+        await send(pilot, app, "/baseline")
+        assert app.baseline
+        await send(pilot, app, "again")
+        await finish_turn(pilot, app)
+        events = engine_events[-1]
+        assert events[-1].stats["mode"] == "baseline"
+        assert all(e.drafted == [] for e in events if e.type == "block")
+
+        # bad values change nothing and say why; unknown commands are not sent as messages
+        await send(pilot, app, "/temp hot")
+        await send(pilot, app, "/tmep 1")
+        assert app.options.temperature == 0
+        assert len(engine_events) == 2
+        texts = [n.message for n in app._notifications]
+        assert any("temperature expected a number" in t for t in texts)
+        assert any("unknown command /tmep" in t and "/temp" in t for t in texts)
+
+
+async def test_system_prompt_reaches_the_conversation(qwen3_dirs):
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "/system Answer in one word.")
+        await send(pilot, app, "/max-tokens 4")
+        await send(pilot, app, "hi")
+        await finish_turn(pilot, app)
+        messages = app.engine.conversation.messages
+        assert messages[0] == {"role": "system", "content": "Answer in one word."}
+        assert messages[1] == {"role": "user", "content": "hi"}
+
+
+async def test_regenerate_replaces_the_last_reply(qwen3_dirs, engine_events):
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hi")
+        await finish_turn(pilot, app)
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        await finish_turn(pilot, app)
+        assert len(engine_events) == 2
+        assert len(app.chat.query(AssistantMessage)) == 1
+        assert [m["role"] for m in app.engine.conversation.messages] == ["user", "assistant"]
+        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+
+
+async def test_prompt_history_walks_up_and_down(qwen3_dirs):
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for text in ("/temp 0.1", "/temp 0.2"):
+            await send(pilot, app, text)
+        app.prompt.value = "half typed"
+        await pilot.press("up")
+        assert app.prompt.value == "/temp 0.2"
+        await pilot.press("up", "up")
+        assert app.prompt.value == "/temp 0.1"
+        await pilot.press("down", "down")
+        assert app.prompt.value == "half typed"
+
+
+async def test_theme_switches_and_persists():
+    user_themes = config_path().parent / "themes"
+    user_themes.mkdir(parents=True)
+    (user_themes / "mine.toml").write_text('name = "mine"\nprimary = "#ff00ff"\ndark = true\n')
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "dflash-dark"
+        assert {"dflash-dark", "dflash-light", "dflash-amber", "mine"} <= set(app.available_themes)
+        before = app.screen.styles.background
+        await send(pilot, app, "/theme dflash-light")
+        await pilot.pause(0.2)
+        assert app.theme == "dflash-light"
+        assert app.screen.styles.background != before
+        await send(pilot, app, "/theme nope")
+        assert app.theme == "dflash-light"
+        await send(pilot, app, "/theme mine")
+        await wait_for(pilot, lambda: config_path().exists(), 5, "the config to be written")
+    assert tomllib.loads(config_path().read_text())["theme"] == "mine"
+    again = DFlashApp(start_engine=False)
+    async with again.run_test(size=SIZE):
+        assert again.theme == "mine"
+
+
+async def test_bad_config_falls_back_to_defaults_and_is_left_alone():
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    broken = 'theme = "dflash-amber"\nmax_tokens = "lots"\n'
+    path.write_text(broken)
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.options.max_tokens == 512  # the default
+        assert app.theme == "dflash-amber"  # the good setting is kept
+        notes = [n.render().plain if hasattr(n.render(), "plain") else str(n.render()) for n in app.chat.query(Note)]
+        assert any("'max_tokens'" in t and "left as it is" in t for t in notes)
+        await send(pilot, app, "/theme dflash-light")
+        await pilot.pause(1.2)
+    assert path.read_text() == broken
+
+
+async def test_load_errors_are_shown_not_raised(tmp_path, qwen3_dirs):
+    from dflash_tui import random_pair as rp
+
+    # a draft built for a different hidden size does not fit the target
+    cfg = rp.qwen3_config(vocab_size=400, hidden=32)
+    rp.build_draft(tmp_path / "wrong", rp.draft_config_for(cfg, 3, layers=1), seed=3)
+    for model, draft, expected in (
+        (str(tmp_path / "missing"), None, "model not found"),
+        (str(qwen3_dirs["target"]), str(tmp_path / "wrong"), "does not fit"),
+    ):
+        app = DFlashApp(model=model, draft=draft or str(qwen3_dirs["draft"]), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.model_state in ("ready", "failed", "none") and app._pending_load is None,
+                           what="the load to finish")
+            assert app.model_state != "ready"
+            errors = [str(n.render()) for n in app.chat.query(Note) if n.has_class("-error")]
+            assert any(expected in e for e in errors), errors
+            await send(pilot, app, "hello")  # refused politely, not crashed
+            assert not app.generating
+            assert app.prompt.value == "hello"
+
+
+async def test_no_mlx_work_on_the_ui_thread(qwen3_dirs, monkeypatch):
+    import mlx.core as mx
+
+    from dflash_tui.engine import loading as loading_mod
+    from dflash_tui.engine import target as target_mod
+
+    ui_thread = threading.get_ident()
+    seen: list[tuple[str, int]] = []
+    recording = False
+
+    def spy(name, fn):
+        def wrapper(*args, **kwargs):
+            if recording:
+                seen.append((name, threading.get_ident()))
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("eval", "async_eval", "get_active_memory", "get_peak_memory", "reset_peak_memory"):
+        monkeypatch.setattr(mx, name, spy(f"mx.{name}", getattr(mx, name)))
+    monkeypatch.setattr(loading_mod, "load_target", spy("load_target", loading_mod.load_target))
+    monkeypatch.setattr(target_mod.Target, "forward", spy("Target.forward", target_mod.Target.forward))
+    monkeypatch.setattr(conversation_mod.Conversation, "generate", spy("generate", conversation_mod.Conversation.generate))
+
+    recording = True
+    app = make_app(qwen3_dirs)
+    app.options.max_tokens = 12
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello")
+        await finish_turn(pilot, app)
+    recording = False
+
+    names = {n for n, _ in seen}
+    assert {"load_target", "Target.forward", "mx.eval", "generate"} <= names
+    threads = {t for _, t in seen}
+    assert ui_thread not in threads, [n for n, t in seen if t == ui_thread]
+    # load and generate in the same long-lived thread (MLX's generation stream is per thread)
+    assert threads == {app.engine.thread_id}
+
+
+async def test_copy_a_message_and_its_code(qwen3_dirs):
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        message = app.chat.add_assistant("Here:\n\n```python\nprint(1)\n```\n\nand\n\n```\nx = 2\n```\n")
+        await pilot.pause()
+        message.focus()
+        await pilot.press("c")
+        assert app.clipboard == message.raw_text
+        await pilot.press("y")
+        assert app.clipboard == "print(1)\n\nx = 2"
+        app.prompt.focus()
+        await pilot.press("ctrl+y")
+        assert app.clipboard == message.raw_text
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+def test_control_characters_are_made_visible(anyio_backend):
+    assert visible("a\x13b\n\tc\x7f") == "a\u2413b\n\tc\u2421"
+
+
+async def test_layout_stacks_at_80x24_and_spreads_when_wide(qwen3_dirs):
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        chat, side = app.query_one("#chat").region, app.query_one("#side").region
+        assert side.y >= chat.bottom and side.width == 80  # stacked under the conversation
+        assert chat.height >= 8 and chat.height > side.height
+        acc, meter = app.query_one(AcceptanceView).region, app.query_one(SystemMeter).region
+        assert acc.y == meter.y and acc.right <= meter.x  # side by side
+        await pilot.press("f2")
+        await pilot.pause()
+        assert app.query_one("#chat").region.height > chat.height
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        chat, side = app.query_one("#chat").region, app.query_one("#side").region
+        assert side.x >= chat.right and chat.height == side.height  # side by side
+        assert chat.width >= 80
