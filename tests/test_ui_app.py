@@ -100,7 +100,14 @@ def oracle(monkeypatch, qwen3_dirs):
         conv = conversation_mod.Conversation(pair)
         prompt = conv.prompt_tokens([{"role": "user", "content": user_text}])
         sequence = prompt + reference_tokens(pair, prompt, max_tokens)
-        monkeypatch.setattr(conversation_mod, "draft_proposals", oracle_proposer(sequence, error_rate=0.3))
+        proposer = oracle_proposer(sequence, error_rate=0.3)
+        original_init = conversation_mod.Conversation.__init__
+
+        def init(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            self.propose = proposer  # the worker's conversation drafts with the oracle
+
+        monkeypatch.setattr(conversation_mod.Conversation, "__init__", init)
 
     return install
 
@@ -129,6 +136,12 @@ async def test_reply_streams_and_acceptance_rows_match_the_engine(qwen3_dirs, en
         # the view got every cycle, in order, with the engine's own accepted counts
         assert [(b.index, b.accepted, b.drafted) for b in view_blocks] == [(b.index, b.accepted, b.drafted) for b in blocks]
         assert len({b.accepted for b in blocks if b.drafted}) > 1, "the oracle draft should give varied acceptance"
+        # ...and shows one row per cycle with those counts, and figures over them
+        view = app.acceptance
+        assert [(r.index, r.accepted) for r in view.rows.rows] == [(b.index, b.accepted) for b in blocks]
+        assert view.stats.accepted == sum(b.accepted for b in blocks)
+        assert view.stats.cycles == done.stats["cycles"]
+        assert view.stats.tokens_per_cycle == pytest.approx(done.stats["tokens_per_cycle"])
         # the conversation shows the user's text and the engine's final reply
         users = app.chat.query(UserMessage)
         replies = app.chat.query(AssistantMessage)

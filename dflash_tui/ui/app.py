@@ -67,8 +67,8 @@ class DFlashApp(App[None]):
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+l", "pick_model", "Model"),
         Binding("ctrl+o", "sessions", "Sessions"),
-        Binding("ctrl+y", "copy_reply", "Copy reply"),
-        Binding("f2", "toggle_panes", "Panes"),
+        Binding("ctrl+y", "copy_reply", "Copy reply", show=False),
+        Binding("f2", "toggle_panes", "Panes", show=False),
         Binding("f1", "help", "Help"),
     ]
 

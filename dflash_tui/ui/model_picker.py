@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -41,14 +42,14 @@ def _is_draft(snapshot: Path) -> bool:
     return "DFlash" in " ".join(cfg.get("architectures") or [])
 
 
-def cached_models() -> list[ModelChoice]:
+def cached_models(cache_dir: Optional[Path] = None) -> list[ModelChoice]:
     """Models in the local Hugging Face cache; none (or no cache at all) is fine."""
     from huggingface_hub import scan_cache_dir
 
     from dflash_tui.engine.registry import draft_for
 
     try:
-        info = scan_cache_dir()
+        info = scan_cache_dir(cache_dir)
     except Exception:  # no cache dir, unreadable cache: nothing to list
         return []
     repos = [r for r in info.repos if r.repo_type == "model"]
@@ -93,9 +94,10 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: Optional[str] = None) -> None:
+    def __init__(self, current: Optional[str] = None, cache_dir: Optional[Path] = None) -> None:
         super().__init__()
         self.current = current
+        self.cache_dir = cache_dir  # None: the Hugging Face default
         self.choices: list[ModelChoice] = []
 
     def compose(self) -> ComposeResult:
@@ -121,7 +123,7 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
     @work(thread=True, exclusive=True)
     def _scan(self) -> None:
         # a filesystem walk, no MLX: fine off the engine thread
-        choices = [c for c in [demo_pair()] if c] + cached_models() + known_pairs()
+        choices = [c for c in [demo_pair()] if c] + cached_models(self.cache_dir) + known_pairs()
         self.app.call_from_thread(self._show, choices)
 
     def _show(self, choices: list[ModelChoice]) -> None:
@@ -130,8 +132,12 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
         options.loading = False
         titles = {"demo": "demo", "cached": "in your cache", "known": "known pairs"}
         for i, choice in enumerate(choices):
-            mark = "● " if choice.target == self.current else "  "
-            options.add_option(Option(f"{mark}[b]{choice.target}[/b]  [dim]{titles[choice.group]} · {choice.detail}[/dim]", id=str(i)))
+            prompt = Text.assemble(
+                ("● " if choice.target == self.current else "  "),
+                (choice.target, "bold"),
+                (f"  {titles[choice.group]} · {choice.detail}", "dim"),
+            )
+            options.add_option(Option(prompt, id=str(i)))
         if not any(c.group == "cached" for c in choices):
             self.query_one("#picker-hint", Label).update(
                 "No models in your Hugging Face cache. Pick a known pair (it downloads) or type a path / repo id.")

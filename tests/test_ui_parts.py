@@ -1,0 +1,164 @@
+"""The UI's parts on their own: the worker's batching, the model picker, themes, slash parsing."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ui_support import install_placeholders
+
+install_placeholders()
+
+from dflash_tui.engine.events import Block, Done, Prefill  # noqa: E402
+from dflash_tui.ui import messages as msg  # noqa: E402
+from dflash_tui.ui.commands import parse  # noqa: E402
+from dflash_tui.ui.model_picker import ModelPicker, cached_models, known_pairs  # noqa: E402
+from dflash_tui.ui.themes import ThemeError, load_themes, theme_from_dict  # noqa: E402
+from dflash_tui.ui.worker import EngineWorker, Generate  # noqa: E402
+
+
+class FakeConversation:
+    """Yields the engine's event shapes at a chosen pace; no model."""
+
+    def __init__(self, n: int, cycle_s: float):
+        self.n, self.cycle_s = n, cycle_s
+        self.messages = []
+
+    def generate(self, text, settings, should_cancel):
+        yield Prefill(prompt_tokens=5, cached_tokens=0, seconds=0.01)
+        for i in range(self.n):
+            if should_cancel():
+                break
+            time.sleep(self.cycle_s)
+            yield Block(index=i, drafted=[1, 2, 3], accepted=1, emitted=[1, 9], text="ab")
+        yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
+
+
+def run_fake(n: int, cycle_s: float) -> tuple[list, float]:
+    import dflash_tui.engine.conversation  # noqa: F401  (imports are not part of the turn's time)
+
+    posted: list = []
+    worker = EngineWorker(posted.append)
+    worker.conversation = FakeConversation(n, cycle_s)
+    tic = time.perf_counter()
+    worker._generate(Generate(1, "hi", {"max_tokens": 10}))
+    return posted, time.perf_counter() - tic
+
+
+def test_fast_cycles_are_coalesced_into_few_messages():
+    posted, took = run_fake(300, 0.001)
+    batches = [m for m in posted if isinstance(m, msg.TurnBlocks)]
+    blocks = [b for m in batches for b in m.blocks]
+    assert [b.index for b in blocks] == list(range(300))  # all of them, in order
+    assert len(batches) <= took / 0.05 + 2  # about one message per 50 ms
+    assert len(batches) < 300 / 10
+    assert sum(m.elapsed_s for m in batches) == pytest.approx(took, abs=0.05)
+    assert isinstance(posted[0], msg.TurnPrefill) and isinstance(posted[-1], msg.TurnDone)
+
+
+def test_slow_cycles_go_out_one_by_one():
+    posted, _ = run_fake(5, 0.06)
+    batches = [m for m in posted if isinstance(m, msg.TurnBlocks)]
+    assert [len(m.blocks) for m in batches] == [1] * 5
+
+
+def test_cancel_stops_the_fake_turn():
+    posted: list = []
+    worker = EngineWorker(posted.append)
+    worker.conversation = FakeConversation(1000, 0.001)
+    worker.cancel()
+    worker._generate(Generate(1, "hi", {}))
+    assert sum(len(m.blocks) for m in posted if isinstance(m, msg.TurnBlocks)) == 0
+    worker.submit(Generate(2, "hi", {}))  # a new turn clears the cancel
+    assert not worker._should_cancel()
+
+
+def test_slash_parsing():
+    assert parse("/temp 0.7") == ("temp", "0.7")
+    assert parse("/System  be brief ") == ("system", "be brief")
+    assert parse("hello /temp") is None
+    assert parse("//literal") is None
+    assert parse("/") is None
+
+
+def _fake_cache(root, repo_id: str, config: dict) -> None:
+    import json
+
+    folder = root / ("models--" + repo_id.replace("/", "--"))
+    snap = folder / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text("a" * 40)
+    (folder / "blobs").mkdir()
+    blob = folder / "blobs" / "cfg"
+    blob.write_text(json.dumps(config))
+    (snap / "config.json").symlink_to(blob)
+
+
+def test_cached_models_lists_targets_not_drafts(tmp_path):
+    assert cached_models(tmp_path / "nothing-here") == []
+    _fake_cache(tmp_path, "mlx-community/Qwen3-8B-4bit", {"architectures": ["Qwen3ForCausalLM"]})
+    _fake_cache(tmp_path, "z-lab/Qwen3-8B-DFlash-b16", {"architectures": ["DFlashDraftModel"]})
+    _fake_cache(tmp_path, "someone/unknown-model", {"architectures": ["LlamaForCausalLM"]})
+    found = {c.target: c for c in cached_models(tmp_path)}
+    assert set(found) == {"mlx-community/Qwen3-8B-4bit", "someone/unknown-model"}
+    assert found["mlx-community/Qwen3-8B-4bit"].draft == "z-lab/Qwen3-8B-DFlash-b16"
+    assert "not downloaded" not in found["mlx-community/Qwen3-8B-4bit"].detail
+    assert found["someone/unknown-model"].draft is None
+
+
+def test_known_pairs_come_from_the_registry():
+    from dflash_tui.engine.registry import KNOWN_PAIRS
+
+    pairs = known_pairs()
+    assert {p.draft for p in pairs} == set(KNOWN_PAIRS.values())
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_model_picker_returns_the_chosen_pair(tmp_path, anyio_backend):
+    from textual.app import App
+    from textual.widgets import OptionList
+
+    _fake_cache(tmp_path, "Qwen/Qwen3-4B", {"architectures": ["Qwen3ForCausalLM"]})
+    results = []
+
+    class Host(App):
+        def on_mount(self):
+            self.push_screen(ModelPicker(cache_dir=tmp_path), results.append)
+
+    app = Host()
+    async with app.run_test(size=(110, 36)) as pilot:
+        options = app.screen.query_one(OptionList)
+        for _ in range(50):
+            if options.option_count:
+                break
+            await pilot.pause(0.05)
+        prompts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+        assert any("Qwen/Qwen3-4B" in p and "in your cache" in p for p in prompts)
+        assert any("known pairs" in p for p in prompts)
+        cached_index = next(i for i, p in enumerate(prompts) if "in your cache" in p)
+        options.highlighted = cached_index
+        await pilot.pause()
+        options.action_select()
+        await pilot.pause()
+    assert results == [("Qwen/Qwen3-4B", "z-lab/Qwen3-4B-DFlash-b16")]
+
+
+def test_theme_files_are_checked(tmp_path):
+    with pytest.raises(ThemeError, match="not a colour"):
+        theme_from_dict({"name": "x", "primary": "blurple"})
+    with pytest.raises(ThemeError, match="needs a 'name'"):
+        theme_from_dict({"primary": "#fff"})
+    (tmp_path / "good.toml").write_text('name = "good"\nprimary = "#112233"\ndark = false\n')
+    (tmp_path / "bad.toml").write_text('name = "bad"\nprimary = \n')
+    themes, problems = load_themes([tmp_path])
+    assert [t.name for t in themes] == ["good"] and not themes[0].dark
+    assert len(problems) == 1 and "bad.toml" in problems[0]
+
+
+def test_bundled_themes_load():
+    themes, problems = load_themes()
+    assert problems == []
+    assert {"dflash-dark", "dflash-light", "dflash-amber"} <= {t.name for t in themes}
