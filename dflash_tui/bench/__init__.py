@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): scripts that time parts of the engine."""
