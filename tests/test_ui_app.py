@@ -161,8 +161,13 @@ async def test_escape_stops_within_one_cycle_and_keeps_the_text(qwen3_dirs, engi
         assert app.options.max_tokens == 100000
         await send(pilot, app, "tell me everything")
         await wait_for(pilot, lambda: engine_events and len(engine_events[0]) > 20, what="some blocks")
-        yielded_at_escape = len(engine_events[0])
+        at_cancel = []
+        original_cancel = app.engine.cancel
+        # how far the engine had got at the moment Esc set the cancel flag
+        app.engine.cancel = lambda: (at_cancel.append(len(engine_events[0])), original_cancel())
         await pilot.press("escape")
+        assert at_cancel, "Esc did not reach the engine"
+        yielded_at_escape = at_cancel[0]
         await finish_turn(pilot, app, timeout=10)
         events = engine_events[0]
         done = events[-1]

@@ -35,11 +35,17 @@ class FakeConversation:
         yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
 
 
-def run_fake(n: int, cycle_s: float) -> tuple[list, float]:
+def run_fake(n: int, cycle_s: float, ui_keeps_up: bool = True) -> tuple[list, float]:
     import dflash_tui.engine.conversation  # noqa: F401  (imports are not part of the turn's time)
 
     posted: list = []
-    worker = EngineWorker(posted.append)
+
+    def post(message):
+        posted.append(message)
+        if ui_keeps_up:
+            worker.blocks_shown()  # what the app does once it painted a batch
+
+    worker = EngineWorker(post)
     worker.conversation = FakeConversation(n, cycle_s)
     tic = time.perf_counter()
     worker._generate(Generate(1, "hi", {"max_tokens": 10}))
@@ -61,6 +67,13 @@ def test_slow_cycles_go_out_one_by_one():
     posted, _ = run_fake(5, 0.06)
     batches = [m for m in posted if isinstance(m, msg.TurnBlocks)]
     assert [len(m.blocks) for m in batches] == [1] * 5
+
+
+def test_a_ui_that_has_not_painted_gets_one_bigger_batch_not_a_backlog():
+    posted, _ = run_fake(200, 0.001, ui_keeps_up=False)
+    batches = [m for m in posted if isinstance(m, msg.TurnBlocks)]
+    assert len(batches) == 2  # the first, then everything since, at the end
+    assert sum(len(m.blocks) for m in batches) == 200
 
 
 def test_cancel_stops_the_fake_turn():

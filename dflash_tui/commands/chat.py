@@ -43,6 +43,8 @@ def _demo() -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from dflash_tui.config import load_config
     from dflash_tui.ui.app import DFlashApp
 
@@ -59,5 +61,8 @@ def run(args: argparse.Namespace) -> int:
         config=loaded,
         probe_tokens=0 if args.no_probe else None,
     )
+    # the engine thread drops the GIL at every MLX eval; a short switch interval hands it back
+    # quickly while the UI thread renders, instead of the default 5 ms per hand-over
+    sys.setswitchinterval(0.001)
     app.run()
     return app.return_code or 0

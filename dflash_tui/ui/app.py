@@ -348,6 +348,7 @@ class DFlashApp(App[None]):
             self._recorder.add(message.event)
 
     def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
+        self.call_after_refresh(self.engine.blocks_shown)  # ask for the next batch once this one is painted
         if not self._current(message.turn_id):
             return
         self.acceptance.add_blocks(message.blocks)

@@ -118,9 +118,9 @@ class AssistantMessage(MessageBlock):
 
     def set_footer(self, text: str) -> None:
         self._footer = text
-        footer = self.query_one(".message-footer", Static)
-        footer.update(text)
-        footer.display = bool(text)
+        for footer in self.query(".message-footer").results(Static):  # none once the message is gone
+            footer.update(text)
+            footer.display = bool(text)
 
     def on_mount(self) -> None:
         self.query_one(".message-footer").display = bool(self._footer)
@@ -153,6 +153,9 @@ class AssistantHandle:
 
     async def _write(self) -> None:
         await self._mounted
+        if not self.message.is_attached:
+            self._buffer.clear()
+            return
         if self._stream is None:
             self._stream = Markdown.get_stream(self.message.body)
         while self._buffer:
@@ -173,6 +176,8 @@ class AssistantHandle:
             await self._stream.stop()
         text = self.text if full_text is None else full_text
         self.message.raw_text = text
+        if not self.message.is_attached:
+            return  # removed meanwhile (regenerate, new chat, quit)
         await self.message.body.update(visible(text) if text else "*(empty reply)*")
         self.message.set_footer(footer)
         self.message.refresh_header()

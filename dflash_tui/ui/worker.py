@@ -86,6 +86,9 @@ class EngineWorker:
         self._post = post
         self._queue: "queue.Queue[object]" = queue.Queue()
         self._cancel = threading.Event()
+        # set while the UI has painted the last batch: a slow UI gets bigger batches, never a backlog
+        self._ui_ready = threading.Event()
+        self._ui_ready.set()
         self._flush_interval = flush_interval
         self._worker: Optional[Worker] = None
         self.thread_id: Optional[int] = None
@@ -102,6 +105,10 @@ class EngineWorker:
         if isinstance(request, Generate):
             self._cancel.clear()
         self._queue.put(request)
+
+    def blocks_shown(self) -> None:
+        """The UI painted the last batch; the next one may go."""
+        self._ui_ready.set()
 
     def cancel(self) -> None:
         """Stop the running generation after the current cycle; what was produced is kept."""
@@ -233,9 +240,14 @@ class EngineWorker:
         last_flush = last_event = time.perf_counter()
         last_memory = 0.0
 
-        def flush(now: float) -> None:
+        self._ui_ready.set()
+
+        def flush(now: float, final: bool = False) -> None:
             nonlocal pending, last_flush, last_memory
+            if not final and not self._ui_ready.is_set():
+                return  # the UI is still painting the previous batch: keep collecting
             if pending:
+                self._ui_ready.clear()
                 self._post(msg.TurnBlocks(req.turn_id, pending, now - last_flush))
                 pending = []
             last_flush = now
@@ -254,13 +266,13 @@ class EngineWorker:
                 if now - last_flush >= self._flush_interval or now - last_event >= self._flush_interval:
                     flush(now)
             elif ev.type == "done":
-                flush(now)
+                flush(now, final=True)
                 self._sample_memory()
                 self._post(msg.TurnDone(req.turn_id, ev, [dict(m) for m in conv.messages]))
                 if ev.stats.get("mode") == "baseline" and ev.finish_reason != "cancelled" and len(ev.tokens) >= 4:
                     self._post(msg.BaselineMeasured(ev.stats.get("decode_tps") or None, "turn"))
             elif ev.type == "error":
-                flush(now)
+                flush(now, final=True)
                 self._post(msg.TurnFailed(req.turn_id, ev.message))
             last_event = now
 
