@@ -1,0 +1,347 @@
+"""The acceptance view: what the draft proposed each cycle and what the target kept.
+
+One row per cycle: the drafted tokens as cells, the accepted prefix
+highlighted, the first rejected proposal struck through with the target's own
+token right after it, and the proposals after it dimmed. Reading the
+highlighted cells left to right gives the text the cycle emitted. Above the
+rows: running figures for the turn.
+
+Rows are drawn through the line API (only the visible lines are rendered, each
+row's strip is cached) and blocks arrive in batches, so fast generation costs
+a few repaints a second, never one per token.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widget import Widget
+
+from dflash_tui.engine.events import Block
+
+MAX_ROWS = 500
+CELL_CHARS = 10  # longer token texts are cut with an ellipsis
+BARS = " ▁▂▃▄▅▆▇█"
+_VISIBLE = {" ": "·", "\n": "⏎", "\t": "→", "\r": "␍"}
+_VISIBLE.update({chr(c): chr(0x2400 + c) for c in range(0x20) if chr(c) not in _VISIBLE})
+_VISIBLE["\x7f"] = "␡"
+
+Decoder = Callable[[int], str]
+LEGEND = "[$text on $success 30%]kept[/] [$text-muted strike on $error 35%]rejected[/][$text bold on $accent 45%]target[/] [$text-disabled]unused[/]"
+
+
+def visible_token(text: str, limit: int = CELL_CHARS) -> str:
+    """Token text with whitespace and control characters made visible, cut to `limit` characters."""
+    if text == "":
+        return "∅"
+    shown = "".join(_VISIBLE.get(ch, ch) for ch in text)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def bar(fraction: Optional[float]) -> str:
+    """One block character for a fraction in [0, 1]; blank for no data."""
+    if fraction is None:
+        return " "
+    fraction = max(0.0, min(1.0, fraction))
+    return BARS[max(1, round(fraction * (len(BARS) - 1)))] if fraction > 0 else "▁"
+
+
+# -- running figures ---------------------------------------------------------------
+@dataclass
+class AcceptanceStats:
+    """Running figures over the blocks seen since the last reset (pure, no Textual)."""
+
+    cycles: int = 0  # blocks with something drafted
+    target_steps: int = 0  # blocks with nothing drafted (first token, baseline)
+    drafted: int = 0
+    accepted: int = 0
+    cycle_tokens: int = 0  # tokens emitted by the DFlash cycles
+    position_drafted: list[int] = field(default_factory=list)  # [k-1]: cycles that drafted position k
+    position_accepted: list[int] = field(default_factory=list)  # [k-1]: cycles that accepted position k
+    accepted_lengths: list[int] = field(default_factory=list)  # [a]: cycles that accepted exactly a
+
+    def add(self, blocks: Iterable[Block]) -> None:
+        for b in blocks:
+            n = len(b.drafted)
+            if n == 0:
+                self.target_steps += 1
+                continue
+            self.cycles += 1
+            self.drafted += n
+            self.accepted += b.accepted
+            self.cycle_tokens += len(b.emitted)
+            _grow(self.position_drafted, n)
+            _grow(self.position_accepted, n)
+            _grow(self.accepted_lengths, n + 1)
+            for k in range(n):
+                self.position_drafted[k] += 1
+            for k in range(min(b.accepted, n)):
+                self.position_accepted[k] += 1
+            self.accepted_lengths[min(b.accepted, n)] += 1
+
+    @property
+    def tokens_per_cycle(self) -> Optional[float]:
+        return self.cycle_tokens / self.cycles if self.cycles else None
+
+    @property
+    def acceptance(self) -> Optional[float]:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def position_rates(self) -> list[Optional[float]]:
+        """How often position k (1-based, index k-1) of the block was accepted."""
+        return [a / d if d else None for a, d in zip(self.position_accepted, self.position_drafted)]
+
+
+def _grow(values: list[int], n: int) -> None:
+    if len(values) < n:
+        values.extend([0] * (n - len(values)))
+
+
+class AcceptanceFigures(Widget):
+    """Tokens per cycle, acceptance rate, the per-position profile and the accepted-length histogram."""
+
+    COMPONENT_CLASSES = {"figures--label", "figures--value", "figures--bar", "figures--axis"}
+    DEFAULT_CSS = """
+    AcceptanceFigures { height: auto; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    AcceptanceFigures > .figures--label { color: $text-muted; }
+    AcceptanceFigures > .figures--value { color: $text; text-style: bold; }
+    AcceptanceFigures > .figures--bar { color: $success; }
+    AcceptanceFigures > .figures--axis { color: $text-disabled; }
+    """
+
+    def __init__(self, stats: AcceptanceStats, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stats = stats
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return 3
+
+    def render(self) -> Text:
+        s = self.stats
+        label = self.get_component_rich_style("figures--label")
+        value = self.get_component_rich_style("figures--value")
+        bars = self.get_component_rich_style("figures--bar")
+        axis = self.get_component_rich_style("figures--axis")
+        narrow = self.size.width < 50
+        text = Text(no_wrap=True, overflow="ellipsis")
+        tpc, acc = s.tokens_per_cycle, s.acceptance
+        text.append(f"{tpc:.2f}" if tpc is not None else "—", value)
+        text.append(" tok/cycle  " if not narrow else " tok/cyc ", label)
+        text.append(f"{100 * acc:.0f}%" if acc is not None else "—", value)
+        text.append(" accepted  " if not narrow else " acc ", label)
+        text.append(str(s.cycles), value)
+        text.append(" cycles" if not narrow else " cyc", label)
+        if s.target_steps and not narrow:
+            text.append(f"  +{s.target_steps} target-only", label)
+        text.append("\n")
+        head = 13 if not narrow else 5
+        rates = s.position_rates()
+        text.append("per position".ljust(head) if not narrow else "pos".ljust(head), label)
+        if rates:
+            text.append("".join(bar(r) for r in rates), bars)
+            text.append(f" 1…{len(rates)}", axis)
+        else:
+            text.append("no cycles yet", axis)
+        text.append("\n")
+        text.append("kept length".ljust(head) if not narrow else "len".ljust(head), label)
+        lengths = s.accepted_lengths
+        if lengths and max(lengths):
+            top = max(lengths)
+            text.append("".join(bar(c / top) if c else " " for c in lengths), bars)
+            text.append(f" 0…{len(lengths) - 1}", axis)
+        else:
+            text.append("no cycles yet", axis)
+        return text
+
+
+# -- the rows -------------------------------------------------------------------------
+class AcceptanceRows(ScrollView):
+    """One line per cycle, newest at the bottom; follows the end while you are there."""
+
+    COMPONENT_CLASSES = {
+        "acceptance--index",
+        "acceptance--count",
+        "acceptance--accepted",
+        "acceptance--rejected",
+        "acceptance--target",
+        "acceptance--dimmed",
+        "acceptance--end",
+    }
+    DEFAULT_CSS = """
+    AcceptanceRows { height: 1fr; scrollbar-size-vertical: 1; scrollbar-size-horizontal: 0; }
+    AcceptanceRows > .acceptance--index { color: $text-disabled; }
+    AcceptanceRows > .acceptance--count { color: $text-muted; }
+    AcceptanceRows > .acceptance--accepted { background: $success 30%; color: $text; }
+    AcceptanceRows > .acceptance--rejected { background: $error 35%; color: $text-muted; text-style: strike; }
+    AcceptanceRows > .acceptance--target { background: $accent 45%; color: $text; text-style: bold; }
+    AcceptanceRows > .acceptance--dimmed { color: $text-disabled; }
+    AcceptanceRows > .acceptance--end { color: $text-muted; }
+    """
+
+    def __init__(self, max_rows: int = MAX_ROWS, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows: deque[Block] = deque(maxlen=max_rows)
+        self.decoder: Optional[Decoder] = None
+        self._dropped = 0  # rows pushed out at the top; keys the strip cache by absolute row number
+        self._cache: dict[int, Strip] = {}
+        self._width = 0
+        self._pinned = False  # a scroll to the end is on its way
+
+    def set_decoder(self, fn: Optional[Decoder]) -> None:
+        self.decoder = fn
+        self._relayout()
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self._dropped = 0
+        self._cache.clear()
+        self._width = 0
+        self.virtual_size = Size(0, 0)
+        if self.is_mounted:
+            self.scroll_to(0, 0, animate=False, immediate=True)
+        self.refresh()
+
+    def add(self, blocks: list[Block]) -> None:
+        if not blocks:
+            return
+        follow = self._pinned or not self.is_mounted or self.is_vertical_scroll_end or not self.rows
+        for b in blocks:
+            if len(self.rows) == self.rows.maxlen:
+                self._cache.pop(self._dropped, None)
+                self._dropped += 1
+            self.rows.append(b)
+            if self.is_mounted:  # component styles exist only once mounted; on_mount measures the rest
+                self._width = max(self._width, self._row_strip(self._dropped + len(self.rows) - 1).cell_length)
+        self.virtual_size = Size(self._width, len(self.rows))
+        if follow and self.is_mounted and not self._pinned:
+            self._pinned = True  # the scroll can only happen once the new size is laid out
+            self.call_after_refresh(self._to_end)
+        self.refresh()
+
+    def _to_end(self) -> None:
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self._pinned = False
+
+    def on_mount(self) -> None:
+        self._relayout()
+        self.scroll_end(animate=False, immediate=True, x_axis=False)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._cache.clear()  # a theme change recolours every row
+
+    def _relayout(self) -> None:
+        self._cache.clear()
+        self._width = max((self._row_strip(self._dropped + i).cell_length for i in range(len(self.rows))), default=0)
+        self.virtual_size = Size(self._width, len(self.rows))
+        self.refresh()
+
+    def _text(self, token: int) -> str:
+        if self.decoder is None:
+            return f"#{token}"
+        try:
+            return visible_token(self.decoder(token))
+        except Exception:  # a decoder that does not know an id: show the id
+            return f"#{token}"
+
+    def _row_strip(self, number: int) -> Strip:
+        strip = self._cache.get(number)
+        if strip is None:
+            strip = self._cache[number] = self._build(self.rows[number - self._dropped])
+        return strip
+
+    def _build(self, b: Block) -> Strip:
+        st = self.get_component_rich_style
+        gap = Segment(" ")
+        segs = [Segment(f"{b.index:>4} ", st("acceptance--index"))]
+        n = len(b.drafted)
+        if n == 0:
+            segs.append(Segment("   · ", st("acceptance--count")))
+            if b.emitted:
+                segs += self._cells(b.emitted[:1], st("acceptance--target"))
+            else:
+                segs.append(Segment("⏹", st("acceptance--end")))  # the step that met EOS
+            return Strip(segs)
+        segs.append(Segment(f"{b.accepted:>2}/{n:<2} ", st("acceptance--count")))
+        accepted = min(b.accepted, n)
+        cells: list[Segment] = []
+        cells += self._cells(b.drafted[:accepted], st("acceptance--accepted"))
+        own = b.emitted[accepted] if len(b.emitted) > accepted else None
+        if accepted < n:
+            cells += self._cells(b.drafted[accepted:accepted + 1], st("acceptance--rejected"))
+        if own is not None:
+            if accepted < n:
+                cells.pop()  # the target's token sits right against the rejected one
+            cells += self._cells([own], st("acceptance--target"))
+        else:
+            cells += [Segment("⏹", st("acceptance--end")), gap]  # cut at EOS or the token limit
+        if accepted + 1 < n:
+            cells += self._cells(b.drafted[accepted + 1:], st("acceptance--dimmed"))
+        return Strip(segs + cells)
+
+    def _cells(self, tokens: list[int], style: Style) -> list[Segment]:
+        out = []
+        for t in tokens:
+            out.append(Segment(self._text(t), style))
+            out.append(Segment(" "))
+        return out
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        number = scroll_y + y
+        width = self.size.width
+        base = self.rich_style
+        if number >= len(self.rows):
+            return Strip.blank(width, base)
+        strip = self._row_strip(self._dropped + number).apply_style(base)
+        return strip.crop_extend(scroll_x, scroll_x + width, base).apply_offsets(scroll_x, number)
+
+
+# -- the widget -----------------------------------------------------------------------
+class AcceptanceView(Widget):
+    """Running figures over the rows of the current turn."""
+
+    DEFAULT_CSS = """
+    AcceptanceView { layout: vertical; height: 1fr; }
+    AcceptanceView > AcceptanceFigures { background: $boost; margin-bottom: 0; }
+    """
+
+    def __init__(self, max_rows: int = MAX_ROWS, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.stats = AcceptanceStats()
+        self.figures = AcceptanceFigures(self.stats)
+        self.rows = AcceptanceRows(max_rows)
+
+    def compose(self) -> ComposeResult:
+        yield self.figures
+        yield self.rows
+
+    def on_mount(self) -> None:
+        if not self.border_subtitle:
+            self.border_subtitle = LEGEND
+
+    def add_blocks(self, blocks: list[Block]) -> None:
+        """Add a batch of cycles: one repaint for the whole batch."""
+        if not blocks:
+            return
+        self.stats.add(blocks)
+        self.rows.add(list(blocks))
+        self.figures.refresh()
+
+    def reset(self) -> None:
+        self.stats.__init__()  # the figures widget holds this same object
+        self.rows.clear()
+        self.figures.refresh()
+
+    def set_decoder(self, fn: Optional[Decoder]) -> None:
+        """Token id -> its text; rows already shown are redrawn with it."""
+        self.rows.set_decoder(fn)

@@ -1,0 +1,364 @@
+"""The system meter: speed, tokens per cycle, measured speedup, prefill, memory, the pair and settings.
+
+It never imports MLX: the caller passes numbers (live from the engine worker,
+or recorded ones in replay). Below 60 columns it switches to short labels so
+it fits the stacked 80×24 layout.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.geometry import Size
+from textual.widget import Widget
+from textual.widgets import Sparkline
+
+from dflash_tui.engine.events import Block, Done, Prefill
+
+SPARK_SAMPLES = 90
+LIVE_WINDOW_S = 1.0  # live tok/s averages the batches of about the last second
+MIN_SAMPLE_S = 0.05  # less time than this says little about speed
+COMPACT_BELOW = 60
+
+
+# -- numbers ---------------------------------------------------------------------------
+def fmt_rate(x: Optional[float]) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt_bytes(n: Optional[float], short: bool = False) -> str:
+    if n is None:
+        return "—"
+    units = ("B", "K", "M", "G", "T") if short else ("B", "KiB", "MiB", "GiB", "TiB")
+    x, i = float(n), 0
+    while abs(x) >= 1024 and i < len(units) - 1:
+        x /= 1024
+        i += 1
+    number = f"{x:.0f}" if i == 0 or x >= 100 else f"{x:.1f}"
+    return number + ("" if short else " ") + units[i]
+
+
+def fmt_seconds(s: Optional[float]) -> str:
+    if s is None:
+        return "—"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def short_name(name: Optional[str]) -> str:
+    """The last part of a model path; hub ids stay whole."""
+    if not name:
+        return "—"
+    parts = Path(name.rstrip("/")).parts
+    return parts[-1] if len(parts) > 2 or name.startswith(("/", ".", "~")) else name
+
+
+def sampling_label(settings: dict[str, Any]) -> str:
+    temp = settings.get("temperature") or 0.0
+    if temp <= 0:
+        return "greedy"
+    parts = [f"temp {temp:g}"]
+    if settings.get("top_p") not in (None, 1, 1.0):
+        parts.append(f"top-p {settings['top_p']:g}")
+    if settings.get("top_k"):
+        parts.append(f"top-k {settings['top_k']}")
+    if settings.get("seed") is not None:
+        parts.append(f"seed {settings['seed']}")
+    return " ".join(parts)
+
+
+# -- the state (pure) --------------------------------------------------------------------
+@dataclass
+class MeterState:
+    target: Optional[str] = None
+    draft: Optional[str] = None
+    device: Optional[str] = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    baseline_tps: Optional[float] = None
+    active_bytes: Optional[int] = None
+    peak_bytes: Optional[int] = None
+    rss_bytes: Optional[int] = None
+    prompt_tokens: Optional[int] = None
+    cached_tokens: Optional[int] = None
+    prefill_tps: Optional[float] = None
+    ttft_s: Optional[float] = None
+    generating: bool = False
+    turn_mode: Optional[str] = None  # "dflash" | "baseline" from the last Done
+    turn_tokens: int = 0
+    turn_seconds: float = 0.0
+    turn_cycles: int = 0
+    turn_cycle_tokens: int = 0
+    turn_tps: Optional[float] = None  # the finished turn's decode tok/s (the engine's own figure)
+    turn_tokens_per_cycle: Optional[float] = None
+    turns: list[float] = field(default_factory=list)  # decode tok/s of each finished turn
+    live: deque = field(default_factory=deque)  # (tokens, seconds) of recent batches
+    samples: deque = field(default_factory=lambda: deque(maxlen=SPARK_SAMPLES))
+
+    @property
+    def live_tps(self) -> Optional[float]:
+        seconds = sum(s for _, s in self.live)
+        return sum(t for t, _ in self.live) / seconds if seconds > 0 else None
+
+    @property
+    def tps(self) -> Optional[float]:
+        """This turn's speed: live while it runs, the engine's figure once done."""
+        if self.generating:
+            return self.turn_tokens / self.turn_seconds if self.turn_seconds > 0 else None
+        return self.turn_tps
+
+    @property
+    def tokens_per_cycle(self) -> Optional[float]:
+        if self.generating:
+            return self.turn_cycle_tokens / self.turn_cycles if self.turn_cycles else None
+        return self.turn_tokens_per_cycle
+
+    @property
+    def mode(self) -> str:
+        if self.generating or self.turn_mode is None:
+            return str(self.settings.get("mode") or "dflash")
+        return self.turn_mode
+
+    @property
+    def speedup(self) -> Optional[float]:
+        """Measured: this turn's tok/s over the target alone; None without a measured baseline."""
+        tps = self.tps
+        if not self.baseline_tps or not tps or self.mode == "baseline":
+            return None
+        return tps / self.baseline_tps
+
+    def on_prefill(self, ev: Prefill) -> None:
+        self.generating = True
+        self.turn_tokens, self.turn_seconds = 0, 0.0
+        self.turn_cycles = self.turn_cycle_tokens = 0
+        self.live.clear()
+        self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
+        new = ev.prompt_tokens - ev.cached_tokens
+        self.prefill_tps = new / ev.seconds if ev.seconds > 0 else None
+        self.ttft_s = ev.seconds  # the first token comes out of the prefill forward
+
+    def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
+        if not self.generating:  # blocks without a prefill first (a replay that jumped in)
+            self._start_turn()
+        tokens = sum(len(b.emitted) for b in blocks)
+        for b in blocks:
+            if b.drafted:
+                self.turn_cycles += 1
+                self.turn_cycle_tokens += len(b.emitted)
+        self.turn_tokens += tokens
+        if elapsed_s > 0:
+            self.turn_seconds += elapsed_s
+            self.live.append((tokens, elapsed_s))
+            while len(self.live) > 1 and sum(s for _, s in list(self.live)[1:]) >= LIVE_WINDOW_S:
+                self.live.popleft()
+        # the sparkline plots the windowed rate: one quick batch must not dwarf the rest
+        if sum(s for _, s in self.live) >= MIN_SAMPLE_S:
+            self.samples.append(self.live_tps)
+
+    def _start_turn(self) -> None:
+        self.generating = True
+        self.turn_tokens, self.turn_seconds = 0, 0.0
+        self.turn_cycles = self.turn_cycle_tokens = 0
+        self.live.clear()
+
+    def on_done(self, ev: Done) -> None:
+        s = ev.stats
+        self.generating = False
+        self.live.clear()
+        self.turn_mode = s.get("mode")
+        self.turn_tps = s.get("decode_tps") or (self.turn_tokens / self.turn_seconds if self.turn_seconds else None)
+        self.turn_tokens_per_cycle = s.get("tokens_per_cycle") if s.get("cycles") else None
+        if s.get("prefill_tps"):
+            self.prefill_tps = s["prefill_tps"]
+        if s.get("ttft_s") is not None:
+            self.ttft_s = s["ttft_s"]
+        if s.get("peak_memory"):
+            self.peak_bytes = max(self.peak_bytes or 0, int(s["peak_memory"]))
+        if self.turn_tps:
+            self.turns.append(self.turn_tps)
+
+
+# -- the widget --------------------------------------------------------------------------
+class MeterText(Widget):
+    """Lines of the meter, rebuilt from the state on each refresh."""
+
+    COMPONENT_CLASSES = {"meter--label", "meter--value", "meter--big", "meter--good", "meter--muted"}
+    DEFAULT_CSS = """
+    MeterText { height: auto; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    MeterText > .meter--label { color: $text-muted; }
+    MeterText > .meter--value { color: $text; }
+    MeterText > .meter--big { color: $accent; text-style: bold; }
+    MeterText > .meter--good { color: $success; text-style: bold; }
+    MeterText > .meter--muted { color: $text-disabled; }
+    """
+
+    def __init__(self, build: Callable[["MeterText", bool], Text], lines: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._build = build
+        self._lines = lines  # fixed, so the meter never jumps in height
+
+    def style(self, name: str) -> Style:
+        return self.get_component_rich_style(f"meter--{name}")
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return self._lines
+
+    def render(self) -> Text:
+        return self._build(self, self.size.width < COMPACT_BELOW)
+
+
+class SystemMeter(Widget):
+    DEFAULT_CSS = """
+    SystemMeter { layout: vertical; height: auto; }
+    SystemMeter > Sparkline { height: 1; margin: 0 1; }
+    SystemMeter.-wide > Sparkline { height: 2; }
+    """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.state = MeterState()
+        self._head = MeterText(self._head_lines, 1, classes="meter-head")
+        self._spark = Sparkline([], summary_function=max)
+        self._body = MeterText(self._body_lines, 5, classes="meter-body")
+
+    def compose(self) -> ComposeResult:
+        yield self._head
+        yield self._spark
+        yield self._body
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.width >= COMPACT_BELOW, "-wide")
+
+    # -- the agreed calls -------------------------------------------------------------
+    def on_prefill(self, ev: Prefill) -> None:
+        self.state.on_prefill(ev)
+        self._update()
+
+    def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
+        self.state.on_blocks(blocks, elapsed_s)
+        self._update(spark=True)
+
+    def on_done(self, ev: Done) -> None:
+        self.state.on_done(ev)
+        self._update()
+
+    def set_pair(self, target: Optional[str], draft: Optional[str], device: Optional[str]) -> None:
+        self.state.target, self.state.draft, self.state.device = target, draft, device
+        self._update()
+
+    def set_settings(self, settings: dict[str, Any]) -> None:
+        self.state.settings = dict(settings)
+        self._update()
+
+    def set_baseline_tps(self, tps: Optional[float]) -> None:
+        self.state.baseline_tps = tps if tps and tps > 0 else None
+        self._update()
+
+    def set_memory(self, active_bytes: Optional[int], peak_bytes: Optional[int], rss_bytes: Optional[int]) -> None:
+        s = self.state
+        s.active_bytes, s.peak_bytes, s.rss_bytes = active_bytes, peak_bytes, rss_bytes
+        self._update()
+
+    def reset_turns(self) -> None:
+        """Forget the turn figures (a replay that jumps), keeping the pair and settings."""
+        keep = MeterState(target=self.state.target, draft=self.state.draft, device=self.state.device,
+                          settings=self.state.settings, baseline_tps=self.state.baseline_tps)
+        self.state = keep
+        self._update(spark=True)
+
+    def _update(self, spark: bool = False) -> None:
+        if spark or not self._spark.data:
+            self._spark.data = list(self.state.samples) or [0.0]
+        self._head.refresh(layout=True)
+        self._body.refresh(layout=True)
+
+    # -- the lines ------------------------------------------------------------------------
+    def _head_lines(self, w: MeterText, compact: bool) -> Text:
+        s = self.state
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(fmt_rate(s.tps), w.style("big"))
+        t.append(" tok/s", w.style("label"))
+        t.append(" this turn" if s.generating and not compact else " last turn" if not compact else " turn", w.style("label"))
+        live = s.live_tps if s.generating else None
+        if live is not None:
+            t.append(" · live ", w.style("label"))
+            t.append(fmt_rate(live), w.style("value"))
+        elif s.turns and not compact and len(s.turns) > 1:
+            t.append(" · turns ", w.style("label"))
+            t.append(" ".join(fmt_rate(x) for x in s.turns[-4:]), w.style("value"))
+        return t
+
+    def _body_lines(self, w: MeterText, compact: bool) -> Text:
+        s = self.state
+        label, value, muted = w.style("label"), w.style("value"), w.style("muted")
+        t = Text(no_wrap=True, overflow="ellipsis")
+
+        # speedup and tokens per cycle
+        speedup = s.speedup
+        if s.mode == "baseline":
+            t.append("target only" + (" (baseline)" if not compact else ""), value)
+        elif speedup is not None:
+            t.append(f"{speedup:.2f}×", w.style("good"))
+            t.append(" speedup" if compact else f" vs {fmt_rate(s.baseline_tps)} tok/s target alone", label)
+        else:
+            t.append("—", value)
+            t.append(" speedup" + ("" if compact else " (no baseline measured yet)"), label)
+        tpc = s.tokens_per_cycle
+        t.append(" · " if compact else "\n", label)
+        t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
+        t.append(" tok/cyc" if compact else " tokens/cycle", label)
+
+        # prefill
+        t.append(" · " if not compact else "\n", label)
+        t.append("prefill " if not compact else "pre ", label)
+        t.append(fmt_rate(s.prefill_tps), value)
+        t.append(" tok/s · ttft " if not compact else " t/s · ttft ", label)
+        t.append(fmt_seconds(s.ttft_s), value)
+        if not compact and s.prompt_tokens is not None:
+            t.append(f" · {s.prompt_tokens} prompt", label)
+            if s.cached_tokens:
+                t.append(f" ({s.cached_tokens} cached)", label)
+
+        # memory
+        t.append("\n")
+        t.append("mem " if compact else "MLX ", label)
+        t.append(fmt_bytes(s.active_bytes, compact), value)
+        t.append(" active · " if not compact else " · pk ", label)
+        t.append(fmt_bytes(s.peak_bytes, compact), value)
+        t.append(" peak · RSS " if not compact else " · rss ", label)
+        t.append(fmt_bytes(s.rss_bytes, compact), value)
+
+        # pair and device
+        t.append("\n")
+        if not s.target:
+            t.append("no model loaded", muted)
+        elif compact:
+            t.append(short_name(s.target), value)
+            t.append(" · " + (s.device or "—"), label)
+        else:
+            t.append(short_name(s.target), value)
+            t.append(" ← ", label)
+            t.append(short_name(s.draft) if s.draft else "no draft", value if s.draft else muted)
+            t.append(" · " + (s.device or "—"), label)
+
+        # settings
+        t.append("\n")
+        st = s.settings
+        block = st.get("block_size")
+        if st.get("mode") == "baseline":
+            t.append("target only", value)
+        else:
+            t.append("block " if not compact else "B ", label)
+            t.append(str(block) if block else "auto", value)
+        t.append(" · ", label)
+        t.append(sampling_label(st), value)
+        if st.get("max_tokens"):
+            t.append(" · max " if not compact else " · ≤", label)
+            t.append(str(st["max_tokens"]), value)
+        return t

@@ -1,0 +1,307 @@
+"""Replay a saved session: the conversation, the acceptance view and the meter, at the recorded timing.
+
+No model is loaded: everything shown comes from the session file (its events,
+timings, figures and the recorded text of each token id).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+
+from dflash_tui.engine.events import Block, Done, Error, Prefill
+from dflash_tui.replay import Cue, Player, speed_label
+from dflash_tui.sessions import Session, reply_summary
+from dflash_tui.ui.acceptance import AcceptanceView
+from dflash_tui.ui.chat_view import AssistantHandle, ChatView
+from dflash_tui.ui.meter import SystemMeter
+
+TICK_S = 1 / 30  # the screen asks the player what is due this often
+
+
+class ReplayBar(Static):
+    """One line: playing or paused, speed, which message, recorded time."""
+
+    DEFAULT_CSS = """
+    ReplayBar { height: 1; padding: 0 1; background: $boost; color: $text-muted; }
+    """
+
+
+class ReplayScreen(Screen[None]):
+    # its own layout (the chat screen's, in short): conversation left, decoder panes right; stacked when narrow
+    DEFAULT_CSS = """
+    ReplayScreen { layout: vertical; }
+    ReplayScreen #replay-main { height: 1fr; }
+    ReplayScreen #replay-chat { width: 1fr; height: 100%; border: round $panel-lighten-2; border-title-color: $text-muted; padding: 0 1; scrollbar-size-vertical: 1; }
+    ReplayScreen #replay-side { width: 62; height: 100%; }
+    ReplayScreen #replay-acceptance { height: 1fr; border: round $panel-lighten-2; border-title-color: $text-muted; }
+    ReplayScreen #replay-meter { height: auto; border: round $panel-lighten-2; border-title-color: $text-muted; }
+    ReplayScreen.-wide #replay-side { width: 45%; }
+    ReplayScreen.-narrow #replay-main { layout: vertical; }
+    ReplayScreen.-narrow #replay-chat { height: 1fr; }
+    ReplayScreen.-narrow #replay-side { width: 100%; height: 11; layout: horizontal; }
+    ReplayScreen.-narrow #replay-acceptance { width: 1fr; height: 100%; }
+    ReplayScreen.-narrow #replay-meter { width: 40; height: 100%; }
+    ReplayScreen.-narrow.-short #replay-side { height: 10; }
+    """
+    BINDINGS = [
+        Binding("space", "toggle_pause", "Play/pause"),
+        Binding("right", "step", "Step"),
+        Binding("plus,equals_sign", "faster", "Faster"),
+        Binding("minus,underscore", "slower", "Slower"),
+        Binding("n", "next_message", "Next msg"),
+        Binding("p", "previous_message", "Prev msg"),
+        Binding("i", "instant", "Instant"),
+        Binding("escape,q", "close", "Close"),
+    ]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+
+    def __init__(self, session: Session, speed: float = 1.0, paused: bool = False, tick_s: float = TICK_S) -> None:
+        super().__init__()
+        self.session = session
+        self.player = Player(session, speed=speed, paused=paused)
+        self.tick_s = tick_s
+        self._handle: Optional[AssistantHandle] = None
+        self._last_event_at = 0.0  # recorded time of the last event fed to the meter
+        self._busy = False  # a jump is rebuilding the views
+        self._status = ""
+        self._pending_text = ""  # reply text not yet handed to the chat view
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="replay-main"):
+            yield ChatView(id="replay-chat")
+            with Vertical(id="replay-side"):
+                yield AcceptanceView(id="replay-acceptance")
+                yield SystemMeter(id="replay-meter")
+        yield ReplayBar(id="replay-bar")
+        yield Footer()
+
+    @property
+    def chat(self) -> ChatView:
+        return self.query_one(ChatView)
+
+    @property
+    def acceptance(self) -> AcceptanceView:
+        return self.query_one(AcceptanceView)
+
+    @property
+    def meter(self) -> SystemMeter:
+        return self.query_one(SystemMeter)
+
+    def on_mount(self) -> None:
+        s = self.session
+        self.chat.border_title = f"replay · {s.title or 'untitled'}"
+        self.acceptance.border_title = "acceptance"
+        self.meter.border_title = "system · recorded"
+        self.acceptance.set_decoder(s.decode)
+        self.meter.set_pair(s.target, s.draft, s.device or "recorded")
+        self.meter.set_settings(s.settings)
+        self.meter.set_baseline_tps(recorded_baseline(s))
+        self.set_interval(self.tick_s, self._tick)
+        self._show_status()
+
+    # -- playing ------------------------------------------------------------------
+    def _tick(self) -> None:
+        if self._busy:
+            return
+        self._play(self.player.poll(time.monotonic()))
+        self._append("")
+        self._show_status()
+
+    def _play(self, cues: list[Cue]) -> None:
+        """Feed cues to the widgets; consecutive blocks go in as one batch."""
+        batch: list[Block] = []
+        batch_end = 0.0
+
+        def flush() -> None:
+            nonlocal batch
+            if batch:
+                self.acceptance.add_blocks(batch)
+                self.meter.on_blocks(batch, max(0.0, batch_end - self._last_event_at))
+                self._last_event_at = batch_end
+                self._append("".join(b.text for b in batch))
+                batch = []
+
+        for cue in cues:
+            if cue.kind == "event" and isinstance(cue.event, Block):
+                batch.append(cue.event)
+                batch_end = cue.at
+                continue
+            flush()
+            self._cue(cue)
+        flush()
+
+    def _cue(self, cue: Cue) -> None:
+        message = self.session.messages[cue.message]
+        if cue.kind == "message":
+            self._add_whole(cue.message)
+        elif cue.kind == "start":
+            self._handle = self.chat.start_assistant()
+            self._pending_text = ""
+            self.acceptance.reset()
+            done = message.done()
+            if done is not None:  # the settings this reply ran with (block size, baseline or not)
+                mode = done.stats.get("mode")
+                self.meter.set_settings({**self.session.settings, "mode": mode,
+                                         "block_size": 1 if mode == "baseline" else done.stats.get("block_size")})
+            self._last_event_at = cue.at
+        elif cue.kind == "event":
+            ev = cue.event
+            if isinstance(ev, Prefill):
+                self.meter.on_prefill(ev)
+                self._last_event_at = cue.at
+            elif isinstance(ev, Done):
+                self.meter.on_done(ev)
+            elif isinstance(ev, Error):
+                self.chat.add_note(ev.message, "error")
+        elif cue.kind == "end":
+            if self._handle is not None:
+                self._handle.finish(cue.text, reply_summary(message.done()))
+                self._handle = None
+                self._pending_text = ""
+
+    def _append(self, text: str) -> None:
+        # held back until the reply widget is mounted: text streamed before that is shown twice
+        self._pending_text += text
+        if self._handle is not None and self._handle.message.is_mounted and self._pending_text:
+            self._handle.append(self._pending_text)
+            self._pending_text = ""
+
+    def _add_whole(self, index: int) -> None:
+        m = self.session.messages[index]
+        if m.role == "user":
+            self.chat.add_user(m.content)
+        elif m.role == "system":
+            self.chat.add_system(m.content)
+        else:
+            self.chat.add_assistant(m.content, reply_summary(m.done()))
+
+    async def _jump(self, index: Optional[int]) -> None:
+        """Show the messages before `index` whole and play on from its start."""
+        if index is None:
+            self.notify("That was the last message", timeout=2)
+            return
+        self._busy = True
+        try:
+            if self._handle is not None:
+                await self._handle.finish()  # ends its stream before the message goes
+            self._handle = None
+            self._pending_text = ""
+            await self.chat.clear()
+            self.acceptance.reset()
+            self.meter.reset_turns()
+            self.meter.set_settings(self.session.settings)
+            for i in range(index):
+                self._add_whole(i)
+                done = self.session.messages[i].done()
+                if done is not None:
+                    self.meter.on_done(done)  # the meter's per-turn figures up to here
+        finally:
+            self._busy = False
+        self._show_status()
+
+    def _show_status(self) -> None:
+        p = self.player
+        if p.finished:
+            state = "■ finished"
+        elif p.paused:
+            state = "‖ paused"
+        else:
+            state = "▶ playing"
+        total = len(self.session.messages)
+        shown = min(p.current_message + 1, total) if total else 0
+        text = (f"{state} · {speed_label(p)} · message {shown}/{total} · "
+                f"{p.position:.1f} / {p.duration:.1f} s recorded")
+        if text != self._status:
+            self._status = text
+            self.query_one(ReplayBar).update(text)
+
+    # -- controls ------------------------------------------------------------------
+    def action_toggle_pause(self) -> None:
+        if self.player.finished:
+            self.call_later(self._restart)
+            return
+        self.player.toggle_pause()
+        self._show_status()
+
+    async def _restart(self) -> None:
+        await self._jump(self.player.jump(0))
+        self.player.paused = False
+
+    def action_step(self) -> None:
+        self._play(self.player.step())
+        self._show_status()
+
+    def action_faster(self) -> None:
+        self.player.faster()
+        self._show_status()
+
+    def action_slower(self) -> None:
+        self.player.slower()
+        self._show_status()
+
+    def action_instant(self) -> None:
+        self.player.toggle_instant()
+        self._show_status()
+
+    async def action_next_message(self) -> None:
+        await self._jump(self.player.next_message())
+
+    async def action_previous_message(self) -> None:
+        await self._jump(self.player.previous_message())
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+def recorded_baseline(session: Session) -> Optional[float]:
+    """Target-only tok/s measured in the recorded run: the session's probe, else its last baseline turn."""
+    if session.baseline_tps:
+        return session.baseline_tps
+    for m in reversed(session.replies()):
+        done = m.done()
+        if done is not None and done.stats.get("mode") == "baseline" and done.finish_reason != "cancelled":
+            tps = done.stats.get("decode_tps")
+            if tps:
+                return float(tps)
+    return None
+
+
+class ReplayApp(App[None]):
+    """`dflash-tui replay`: the replay screen on its own (app.tcss styles the messages as in the chat)."""
+
+    CSS_PATH = str(Path(__file__).with_name("app.tcss"))
+    TITLE = "dflash-tui replay"
+
+    def __init__(self, session: Session, speed: float = 1.0, paused: bool = False, theme: Optional[str] = None) -> None:
+        super().__init__()
+        self.session = session
+        self.speed = speed
+        self.start_paused = paused
+        self.wanted_theme = theme  # None: the one in config.toml
+
+    def on_mount(self) -> None:
+        self._setup_theme()
+        self.push_screen(ReplayScreen(self.session, self.speed, self.start_paused), lambda _: self.exit())
+
+    def _setup_theme(self) -> None:
+        try:
+            from dflash_tui.config import load_config
+            from dflash_tui.ui.themes import load_themes
+
+            themes, _ = load_themes()
+            for theme in themes:
+                self.register_theme(theme)
+            wanted = self.wanted_theme or load_config().config.theme
+            if wanted in self.available_themes:
+                self.theme = wanted
+        except Exception:  # a theme problem must not stop a replay; the default theme is fine
+            pass

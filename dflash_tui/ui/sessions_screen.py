@@ -1,0 +1,248 @@
+"""Saved sessions: list, open, replay, rename, delete (with confirmation), export.
+
+The screen dismisses with ("open", session) or ("replay", session) for the app
+to act on, or None. Files that cannot be read are listed by name below the
+table and never touched.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Optional
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+
+from dflash_tui.sessions import Session, SessionError, SessionStore, SessionSummary
+from dflash_tui.ui.meter import short_name
+
+Result = Optional[tuple[str, Session]]
+
+
+def local_time(stamp: str) -> str:
+    """An ISO time as local 'YYYY-MM-DD HH:MM' (the text itself when it does not parse)."""
+    try:
+        return datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return stamp
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; background: $background 60%; }
+    ConfirmScreen > Vertical { width: 64; max-width: 90%; height: auto; border: round $error; background: $surface; padding: 1 2; }
+    ConfirmScreen Horizontal { height: auto; align-horizontal: right; margin-top: 1; }
+    ConfirmScreen Button { margin-left: 1; }
+    """
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question, markup=False)
+            with Horizontal():
+                yield Button("Delete (y)", variant="error", id="yes")
+                yield Button("Keep (n)", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class RenameScreen(ModalScreen[Optional[str]]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+    DEFAULT_CSS = """
+    RenameScreen { align: center middle; background: $background 60%; }
+    RenameScreen > Vertical { width: 70; max-width: 90%; height: auto; border: round $primary; background: $surface; padding: 1 2; }
+    RenameScreen Label { color: $text-muted; }
+    """
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.current = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("New title (Enter saves, Esc cancels)")
+            yield Input(self.current, id="title")
+
+    @on(Input.Submitted)
+    def _submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class SessionsScreen(Screen[Result]):
+    BINDINGS = [
+        Binding("o", "open", "Open"),  # Enter on a row opens too (DataTable.RowSelected)
+        Binding("r", "replay", "Replay"),
+        Binding("e", "rename", "Rename"),
+        Binding("d,delete", "delete", "Delete"),
+        Binding("m", "export('markdown')", "Export .md"),
+        Binding("j", "export('json')", "Export .json"),
+        Binding("escape,q", "close", "Close"),
+    ]
+    DEFAULT_CSS = """
+    SessionsScreen { layout: vertical; }
+    SessionsScreen #sessions-title { height: 1; padding: 0 1; color: $primary; text-style: bold; }
+    SessionsScreen #sessions-where { height: 1; padding: 0 1; color: $text-muted; }
+    SessionsScreen DataTable { height: 1fr; margin: 1 1 0 1; }
+    SessionsScreen #sessions-empty { height: 1fr; padding: 1 2; color: $text-muted; }
+    SessionsScreen #sessions-problems { height: auto; max-height: 8; padding: 0 1; color: $warning; border-top: hkey $warning 50%; }
+    """
+
+    def __init__(self, store: Optional[SessionStore] = None) -> None:
+        super().__init__()
+        self.store = store or SessionStore()
+        self.summaries: list[SessionSummary] = []
+        self.problems: list[str] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static("Saved sessions", id="sessions-title")
+        yield Static(f"Enter opens · r replays · {self.store.root}", id="sessions-where", markup=False)
+        table = DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
+        table.add_column("Title", key="title")
+        table.add_column("Model", key="model")
+        table.add_column("Updated", key="updated")
+        table.add_column("Msgs", key="messages")
+        table.add_column("Tok/cycle", key="tpc")
+        yield table
+        yield Static("No saved sessions yet: every conversation is saved here after each reply.",
+                     id="sessions-empty")
+        yield Static("", id="sessions-problems", markup=False)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.reload()
+        self.query_one(DataTable).focus()
+
+    @property
+    def table(self) -> DataTable:
+        return self.query_one(DataTable)
+
+    def reload(self, keep: Optional[str] = None) -> None:
+        """Read the directory again; keep the cursor on `keep` (a session id) when it is still there."""
+        self.summaries, self.problems = self.store.list()
+        table = self.table
+        table.clear()
+        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
+        title_width = max(12, (self.size.width or 100) - 60)
+        for s in self.summaries:
+            title = _cut(s.title or "untitled", title_width)
+            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
+            table.add_row(title, _cut(short_name(s.target), 18), local_time(s.updated), str(s.messages), tpc, key=s.id)
+        empty = not self.summaries
+        table.display = not empty
+        self.query_one("#sessions-empty").display = empty
+        problems = self.query_one("#sessions-problems", Static)
+        problems.display = bool(self.problems)
+        if self.problems:
+            lines = [f"{len(self.problems)} file(s) skipped (left as they are):"] + [f"  {p}" for p in self.problems]
+            problems.update("\n".join(lines))
+        if keep is not None:
+            ids = [s.id for s in self.summaries]
+            if keep in ids:
+                table.move_cursor(row=ids.index(keep))
+
+    def selected(self) -> Optional[SessionSummary]:
+        if not self.summaries:
+            return None
+        row = self.table.cursor_row
+        return self.summaries[row] if 0 <= row < len(self.summaries) else None
+
+    def _load_selected(self) -> Optional[Session]:
+        summary = self.selected()
+        if summary is None:
+            self.notify("No session selected", severity="warning", timeout=2)
+            return None
+        try:
+            return self.store.load(summary.id)
+        except SessionError as exc:
+            self.notify(str(exc), title="session not loaded", severity="error")
+            self.reload()
+            return None
+
+    # -- actions -----------------------------------------------------------------------
+    def action_open(self) -> None:
+        session = self._load_selected()
+        if session is not None:
+            self.dismiss(("open", session))
+
+    def action_replay(self) -> None:
+        session = self._load_selected()
+        if session is not None:
+            self.dismiss(("replay", session))
+
+    def action_rename(self) -> None:
+        summary = self.selected()
+        if summary is None:
+            return
+
+        def renamed(title: Optional[str]) -> None:
+            if not title:
+                return
+            try:
+                session = self.store.rename(summary.id, title)
+            except (SessionError, OSError) as exc:
+                self.notify(f"not renamed: {exc}", severity="error")
+                return
+            self.notify(f"Renamed to “{session.title}”", timeout=2)
+            self.reload(keep=session.id)
+
+        self.app.push_screen(RenameScreen(summary.title), renamed)
+
+    def action_delete(self) -> None:
+        summary = self.selected()
+        if summary is None:
+            return
+
+        def answered(yes: Optional[bool]) -> None:
+            if not yes:
+                return
+            try:
+                self.store.delete(summary.id)
+            except (SessionError, OSError) as exc:
+                self.notify(f"not deleted: {exc}", severity="error")
+                return
+            self.notify(f"Deleted “{summary.title}”", timeout=2)
+            self.reload()
+
+        self.app.push_screen(ConfirmScreen(f"Delete “{summary.title}” ({summary.messages} messages)? "
+                                           "This cannot be undone."), answered)
+
+    def action_export(self, fmt: str) -> None:
+        session = self._load_selected()
+        if session is None:
+            return
+        try:
+            path = self.store.export(session, fmt)
+        except OSError as exc:
+            self.notify(f"could not export: {exc}", severity="error")
+            return
+        self.notify(f"Exported to {path}", title="export", timeout=6)
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    @on(DataTable.RowSelected)
+    def _row_chosen(self, event: DataTable.RowSelected) -> None:
+        self.action_open()

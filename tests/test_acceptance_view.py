@@ -1,0 +1,119 @@
+"""The acceptance view: figures that agree with the engine, rows that say what happened, bounded cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.harness import PanesApp, trace_session
+from dflash_tui.engine.events import Block
+from dflash_tui.ui.acceptance import AcceptanceRows, AcceptanceStats, AcceptanceView, bar, visible_token
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _blocks(message_index: int) -> list[Block]:
+    return [e for e in trace_session().messages[message_index].events() if isinstance(e, Block)]
+
+
+def test_figures_agree_with_the_engines_own_stats():
+    session = trace_session()
+    for reply in session.replies():
+        stats = AcceptanceStats()
+        stats.add([e for e in reply.events() if isinstance(e, Block)])
+        done = reply.done().stats
+        assert stats.cycles == done["cycles"]
+        if done["cycles"]:
+            assert stats.tokens_per_cycle == pytest.approx(done["tokens_per_cycle"])
+            assert stats.acceptance == pytest.approx(done["acceptance"])
+        else:
+            blocks = [e for e in reply.events() if isinstance(e, Block)]
+            assert stats.tokens_per_cycle is None and stats.target_steps == len(blocks)
+            assert sum(len(b.emitted) for b in blocks) == done["generated_tokens"]
+
+
+def test_position_profile_and_length_histogram():
+    stats = AcceptanceStats()
+    stats.add([Block(1, [1, 2, 3, 4], 2, [1, 2, 9], ""), Block(2, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], ""),
+               Block(3, [1, 2, 3, 4], 0, [7], ""), Block(0, [], 0, [5], "")])
+    assert stats.position_rates() == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
+    assert stats.accepted_lengths == [1, 0, 1, 0, 1]
+    assert stats.target_steps == 1 and stats.cycles == 3
+    assert stats.tokens_per_cycle == pytest.approx((3 + 5 + 1) / 3)
+    assert bar(None) == " " and bar(0.0) == "▁" and bar(1.0) == "█"
+
+
+def test_token_text_is_made_visible():
+    assert visible_token(" a\tb\n") == "·a→b⏎"
+    assert visible_token("\x1b[2J") == "␛[2J"  # a control sequence cannot reach the terminal
+    assert visible_token("") == "∅"
+    assert visible_token("abcdefghijklmnop") == "abcdefghi…"
+
+
+def _styled(strip) -> list[tuple[str, str]]:
+    """(text, which cell style) for a row strip, by comparing with the component styles."""
+    return [(seg.text.strip(), seg.style) for seg in strip if seg.text.strip()]
+
+
+async def test_rows_mark_accepted_rejected_target_and_dimmed():
+    decoder = {1: "a", 2: " b", 3: "c", 4: "d", 5: "\n", 9: "X"}.__getitem__
+    app = PanesApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        view = app.query_one(AcceptanceView)
+        view.set_decoder(decoder)
+        view.add_blocks([Block(0, [], 0, [5], "\n"), Block(1, [1, 2, 3, 4], 2, [1, 2, 9], "a bX"),
+                         Block(2, [1, 2, 3], 3, [1, 2, 3, 4], "a bcd"), Block(3, [1, 2, 3], 1, [1], "a")])
+        await pilot.pause()
+        rows: AcceptanceRows = view.rows
+        st = rows.get_component_rich_style
+        acc, rej, own, dim = (st(f"acceptance--{n}") for n in ("accepted", "rejected", "target", "dimmed"))
+        plain, partial, full, cut = (_styled(rows._row_strip(i)) for i in range(4))
+        assert plain[-1] == ("⏎", own)  # nothing drafted: just the target's token
+        cells = partial[2:]  # after the index and the count
+        assert partial[1][0] == "2/4"
+        assert cells == [("a", acc), ("·b", acc), ("c", rej), ("X", own), ("d", dim)]
+        # the target's own token sits right against the rejected proposal
+        texts = "".join(seg.text for seg in rows._row_strip(1))
+        assert "c" + "X" in texts
+        assert full[2:] == [("a", acc), ("·b", acc), ("c", acc), ("d", own)]  # all kept, plus the bonus token
+        assert cut[2:] == [("a", acc), ("·b", rej), ("⏹", st("acceptance--end")), ("c", dim)]  # EOS cut the cycle
+
+
+async def test_rows_are_capped_and_batches_repaint_once():
+    app = PanesApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        view = app.query_one(AcceptanceView)
+        view.rows.rows = type(view.rows.rows)(maxlen=50)
+        calls = []
+        original = view.rows.refresh
+        view.rows.refresh = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+        batch = [Block(i, [1, 2, 3], i % 4, [1] * (i % 4 + 1), "x") for i in range(1, 121)]
+        view.add_blocks(batch[:60])
+        view.add_blocks(batch[60:])
+        assert len(calls) <= 4  # two batches, not 120 blocks' worth of repaints
+        await pilot.pause()
+        assert len(view.rows.rows) == 50 and view.rows.rows[0].index == 71
+        assert view.stats.cycles == 120  # the figures still count every cycle
+        assert view.rows.virtual_size.height == 50
+        assert view.rows.is_vertical_scroll_end  # following the newest row
+        view.reset()
+        await pilot.pause()
+        assert view.stats.cycles == 0 and len(view.rows.rows) == 0
+
+
+def _feed_last_reply(app) -> None:
+    session = trace_session()
+    view = app.query_one(AcceptanceView)
+    view.set_decoder(session.decode)
+    blocks = _blocks(6)
+    for i in range(0, len(blocks), 4):
+        view.add_blocks(blocks[i:i + 4])
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_snapshot_acceptance_after_a_reply(snap_compare, size):
+    assert snap_compare(PanesApp(feed=_feed_last_reply), terminal_size=size)

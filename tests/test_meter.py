@@ -1,0 +1,114 @@
+"""The system meter: its figures, measured speedup only, no MLX, compact and wide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.harness import PanesApp, trace_session
+from dflash_tui.engine.events import Block, Done, Prefill
+from dflash_tui.ui.meter import MeterState, SystemMeter, fmt_bytes, fmt_rate, sampling_label, short_name
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _blocks(n: int, tokens: int = 3) -> list[Block]:
+    return [Block(i, [1] * 15, tokens - 1, [1] * tokens, "x") for i in range(n)]
+
+
+def test_speed_tokens_per_cycle_and_prefill():
+    s = MeterState()
+    s.on_prefill(Prefill(prompt_tokens=120, cached_tokens=20, seconds=0.5))
+    assert s.prefill_tps == pytest.approx(200.0) and s.ttft_s == 0.5 and s.generating
+    s.on_blocks(_blocks(10), 0.5)  # 30 tokens in 0.5 s
+    s.on_blocks(_blocks(10, tokens=5), 0.5)  # 50 tokens in 0.5 s
+    assert s.tps == pytest.approx(80.0)
+    assert s.live_tps == pytest.approx(80.0)  # both batches fit in the one-second window
+    assert s.tokens_per_cycle == pytest.approx(4.0)
+    s.on_blocks(_blocks(10), 1.0)
+    assert s.live_tps == pytest.approx(30.0)  # the window moved on
+    s.on_done(Done([1] * 110, "", "stop", {"mode": "dflash", "decode_tps": 75.0, "cycles": 30,
+                                             "tokens_per_cycle": 3.6, "ttft_s": 0.51, "peak_memory": 2048}))
+    assert not s.generating and s.tps == 75.0 and s.tokens_per_cycle == 3.6 and s.ttft_s == 0.51
+    assert s.turns == [75.0] and s.peak_bytes == 2048
+
+
+def test_speedup_only_from_a_measured_baseline():
+    s = MeterState()
+    s.on_prefill(Prefill(10, 0, 0.1))
+    s.on_blocks(_blocks(10), 0.3)
+    assert s.speedup is None  # no baseline measured: no guess
+    s.baseline_tps = 25.0
+    assert s.speedup == pytest.approx(4.0)
+    s.on_done(Done([], "", "stop", {"mode": "baseline", "decode_tps": 25.0}))
+    assert s.speedup is None and s.mode == "baseline"  # a target-only turn has no speedup over itself
+
+
+def test_number_formats():
+    assert fmt_rate(None) == "—" and fmt_rate(142.3) == "142" and fmt_rate(41.26) == "41.3" and fmt_rate(4.1) == "4.10"
+    assert fmt_bytes(512) == "512 B" and fmt_bytes(3 * 1024 ** 3) == "3.0 GiB" and fmt_bytes(1536, short=True) == "1.5K"
+    assert fmt_bytes(None) == "—"
+    assert sampling_label({"temperature": 0.0}) == "greedy"
+    assert sampling_label({"temperature": 0.7, "top_p": 0.9, "top_k": 20}) == "temp 0.7 top-p 0.9 top-k 20"
+    assert short_name("/models/cache/Qwen3-8B-4bit") == "Qwen3-8B-4bit" and short_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+
+
+def test_meter_replay_and_acceptance_modules_do_not_import_mlx():
+    code = ("import sys; import dflash_tui.ui.meter, dflash_tui.ui.acceptance, dflash_tui.replay, "
+            "dflash_tui.ui.replay_screen, dflash_tui.ui.sessions_screen, dflash_tui.commands.replay; "
+            "bad = [m for m in sys.modules if m == 'mlx' or m.startswith('mlx.') or m.startswith('mlx_lm')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+async def test_compact_below_sixty_columns_and_wide_above():
+    async with PanesApp().run_test(size=(80, 24)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("/models/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "gpu · Apple M3 Max")
+        meter.set_baseline_tps(30.0)
+        meter.on_prefill(Prefill(100, 0, 0.2))
+        meter.on_blocks(_blocks(10), 0.25)
+        await pilot.pause()
+        compact = "\n".join(str(meter._body.render()).splitlines())
+        assert meter.size.width < 60 and "speedup" in compact and "tok/cyc" in compact
+        assert "4.00× speedup" in compact  # 120 tok/s over 30
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_baseline_tps(None)
+        await pilot.pause()
+        wide = str(meter._body.render())
+        assert meter.size.width >= 60 and "no baseline measured yet" in wide
+
+
+def _feed_mid_reply(app) -> None:
+    """The first reply, two thirds of the way through, as the worker would feed it."""
+    session = trace_session()
+    meter = app.query_one(SystemMeter)
+    meter.set_pair("mlx-community/Qwen3-8B-4bit", "z-lab/Qwen3-8B-DFlash-b16", "gpu · Apple M3 Max")
+    meter.set_settings({"block_size": 16, "temperature": 0.0, "max_tokens": 512, "mode": "dflash"})
+    meter.set_baseline_tps(session.baseline_tps)
+    meter.set_memory(5_400_000_000, 6_100_000_000, 6_900_000_000)
+    reply = session.messages[6]
+    last = 0.0
+    for entry, ev in zip(reply.trace, reply.events()):
+        if isinstance(ev, Prefill):
+            meter.on_prefill(ev)
+            last = entry["t"]
+        elif isinstance(ev, Block) and ev.index <= 10:
+            meter.on_blocks([ev], entry["t"] - last)
+            last = entry["t"]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_snapshot_meter_mid_reply(snap_compare, size):
+    assert snap_compare(PanesApp(feed=_feed_mid_reply), terminal_size=size)

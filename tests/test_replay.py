@@ -1,0 +1,189 @@
+"""Replay: the player's cues and controls, its timing against the wall clock, and the replay screen."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from fixtures.harness import trace_session
+from dflash_tui.engine.events import Block, Done, Prefill, event_to_dict
+from dflash_tui.replay import SPEEDS, Player, events_of, play, recorded_events
+from dflash_tui.sessions import Session
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _short_session(cycle_s: float = 0.02, cycles: int = 10) -> Session:
+    """Two messages; the reply's cycles are `cycle_s` apart (recorded)."""
+    s = Session(id="short", title="t", created="", updated="", target="t", draft="d", settings={})
+    s.add_message("user", "hi")
+    trace = [{"t": 0.01, **event_to_dict(Prefill(5, 0, 0.01))}]
+    for i in range(cycles):
+        trace.append({"t": 0.01 + cycle_s * (i + 1), **event_to_dict(Block(i, [1, 2, 3], 1, [1, 4], "ab"))})
+    trace.append({"t": 0.01 + cycle_s * cycles, **event_to_dict(Done([1, 4] * cycles, "ab" * cycles, "stop", {}))})
+    s.add_message("assistant", "ab" * cycles, trace)
+    return s
+
+
+# -- the player -------------------------------------------------------------------------
+def test_cues_follow_the_recorded_timeline():
+    session = trace_session()
+    player = Player(session)
+    kinds = [(c.message, c.kind) for c in player.cues if c.kind != "event"]
+    assert kinds == [(0, "message"), (1, "message"), (2, "start"), (2, "end"), (3, "message"),
+                     (4, "start"), (4, "end"), (5, "message"), (6, "start"), (6, "end")]
+    times = [c.at for c in player.cues]
+    assert times == sorted(times)
+    reply = session.messages[2]
+    start = player.starts[2]
+    offsets = [c.at - start for c in player.cues if c.message == 2 and c.kind == "event"]
+    assert offsets == pytest.approx([e["t"] for e in reply.trace])
+    assert player.duration == pytest.approx(player.cues[-1].at)
+
+
+def test_instant_replay_gives_back_the_recorded_events():
+    session = trace_session()
+    player = Player(session, speed=float("inf"))
+    cues = player.poll(0.0)
+    assert player.finished
+    assert events_of(cues) == [e for evs in recorded_events(session) for e in evs]
+
+
+def test_pause_step_speed_and_jumps():
+    session = trace_session()
+    p = Player(session, paused=True)
+    assert p.advance(10.0) == []  # paused: time does not move
+    first = p.step()
+    assert isinstance(first[-1].event, Block) and [c.kind for c in first][:3] == ["message", "message", "start"]
+    second = p.step()
+    assert len(second) == 1 and second[0].event.index == 1
+    assert p.paused
+    assert p.faster() == 2.0 and p.faster() == 4.0
+    for _ in range(10):
+        p.faster()
+    assert p.speed == SPEEDS[-1] == 16.0
+    for _ in range(10):
+        p.slower()
+    assert p.speed == SPEEDS[0] == 0.25
+    assert p.next_message() == 3 and p.current_message == 3
+    assert p.next_message() == 4  # right after a jump, n moves on again
+    assert p.position == pytest.approx(p.starts[4])
+    p.toggle_pause()
+    p.set_speed(1.0)
+    p.advance(0.05)
+    assert p.previous_message() == 4  # mid-message: back to its start
+    assert p.previous_message() == 3  # at its start: the one before
+    p.jump(6)
+    assert p.next_message() is None
+    p.toggle_instant()
+    p.advance(0.0)
+    assert p.finished
+
+
+@pytest.mark.parametrize("speed", [1.0, 4.0, 0.5])
+def test_replay_takes_recorded_time_over_speed(speed):
+    session = _short_session(cycle_s=0.03, cycles=8)  # 0.25 s of recorded reply + the gap before it
+    player = Player(session, speed=speed, gap_s=0.1)
+    seen: list = []
+    wall = play(player, seen.extend)
+    expected = player.duration / speed
+    assert player.finished and len(events_of(seen)) == 10
+    assert wall == pytest.approx(expected, abs=0.05 + 0.1 * expected)
+
+
+def test_cues_arrive_in_order_at_their_times():
+    session = _short_session(cycle_s=0.05, cycles=4)
+    player = Player(session, speed=2.0, gap_s=0.0)
+    arrivals = []
+    start = time.monotonic()
+    play(player, lambda cues: arrivals.extend((time.monotonic() - start, c) for c in cues))
+    for wall, cue in arrivals:
+        assert wall >= cue.at / 2.0 - 0.005  # never early
+        assert wall <= cue.at / 2.0 + 0.06  # and not much late
+
+
+# -- the screen ------------------------------------------------------------------------------
+async def _paused_app():
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    return ReplayApp(trace_session(), paused=True, theme="textual-dark")
+
+
+async def test_replay_controls_drive_the_views():
+    from dflash_tui.ui.acceptance import AcceptanceView
+    from dflash_tui.ui.chat_view import ChatView
+    from dflash_tui.ui.meter import SystemMeter
+    from dflash_tui.ui.replay_screen import ReplayScreen
+
+    app = await _paused_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ReplayScreen)
+        acc, meter, chat = screen.query_one(AcceptanceView), screen.query_one(SystemMeter), screen.query_one(ChatView)
+        await pilot.pause(0.2)
+        assert len(acc.rows.rows) == 0  # paused: nothing plays
+        for _ in range(3):
+            await pilot.press("right")
+        await pilot.pause()
+        assert [b.index for b in acc.rows.rows] == [0, 1, 2]
+        assert acc.stats.cycles == 2
+        assert meter.state.prompt_tokens == trace_session().messages[2].events()[0].prompt_tokens
+        await pilot.press("plus", "plus")
+        assert screen.player.speed == 4.0
+        await pilot.press("minus")
+        assert screen.player.speed == 2.0
+        await pilot.press("n")  # to the second question
+        await pilot.pause()
+        assert screen.player.current_message == 3
+        roles = [m.ROLE for m in chat.messages()]
+        assert roles == ["system", "you", "assistant"]  # the first reply shown whole
+        assert len(acc.rows.rows) == 0
+        await pilot.press("n", "right")  # into the target-only reply
+        await pilot.pause()
+        assert acc.rows.rows[-1].drafted == [] and meter.state.mode == "baseline"
+        await pilot.press("i", "space")  # instant, and play
+        await pilot.pause(0.3)
+        assert screen.player.finished
+        assert [m.ROLE for m in chat.messages()][-2:] == ["you", "assistant"]
+        last = trace_session().messages[-1]
+        assert chat.last_assistant().raw_text == last.content
+        assert meter.state.turn_tokens_per_cycle == pytest.approx(last.done().stats["tokens_per_cycle"])
+        assert "finished" in str(screen.query_one("#replay-bar").render())
+        await pilot.press("p")  # back to the start of the last reply; still instant, so it plays through again
+        await pilot.pause(0.3)
+        assert screen.player.current_message == 6 and screen.player.finished
+        assert [m.ROLE for m in chat.messages()] == ["system", "you", "assistant"] * 1 + ["you", "assistant"] * 2
+        await pilot.press("escape")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_replay_plays_in_real_time_on_its_own():
+    app = await _paused_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = app.screen
+        screen.player.jump(5)
+        await screen._jump(5)
+        screen.player.set_speed(16.0)
+        screen.player.toggle_pause()
+        deadline = time.monotonic() + 5
+        while not screen.player.finished and time.monotonic() < deadline:
+            await pilot.pause(0.05)
+        assert screen.player.finished
+        assert screen.acceptance.stats.cycles == trace_session().messages[6].done().stats["cycles"]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+def test_snapshot_replay_mid_way(snap_compare, size):
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    app = ReplayApp(trace_session(), paused=True, theme="textual-dark")
+    # message 7 is the last reply: step five cycles into it
+    assert snap_compare(app, terminal_size=size, press=["n"] * 6 + ["right"] * 6)

@@ -1,0 +1,131 @@
+"""The sessions screen, driven with Pilot: list, problems by name, open, replay, rename, delete, export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from textual.app import App
+from textual.widgets import DataTable
+
+from fixtures.harness import TRACE_SESSION
+from dflash_tui.sessions import SessionStore
+from dflash_tui.ui.sessions_screen import ConfirmScreen, RenameScreen, SessionsScreen
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class Host(App[None]):
+    """Pushes the sessions screen and keeps what it dismissed with."""
+
+    def __init__(self, store: SessionStore) -> None:
+        super().__init__()
+        self.store = store
+        self.results: list = []
+
+    def on_mount(self) -> None:
+        self.push_screen(SessionsScreen(self.store), self.results.append)
+
+
+def _store(tmp_path: Path, n: int = 3) -> SessionStore:
+    store = SessionStore(tmp_path / "sessions")
+    base = json.loads(TRACE_SESSION.read_text())
+    for i in range(n):
+        data = dict(base, id=f"s{i}", title=f"session number {i}", updated=f"2025-01-0{i + 1}T10:00:00+00:00")
+        store.root.mkdir(parents=True, exist_ok=True)
+        (store.root / f"s{i}.json").write_text(json.dumps(data))
+    return store
+
+
+async def test_lists_sessions_newest_first_and_problems_by_name(tmp_path):
+    store = _store(tmp_path)
+    (store.root / "broken.json").write_text("{ nope")
+    (store.root / "future.json").write_text(json.dumps({"format": "dflash-tui-session", "schema_version": 99}))
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SessionsScreen)
+        table = screen.query_one(DataTable)
+        assert table.row_count == 3
+        first = table.get_row_at(0)
+        assert first[0] == "session number 2" and first[1].startswith("tiny-qwen3") and first[3] == "7"
+        assert first[4] == f"{store.load('s2').tokens_per_cycle():.2f}"
+        problems = str(screen.query_one("#sessions-problems").render())
+        assert "broken.json" in problems and "future.json" in problems and "newer dflash-tui" in problems
+    assert (store.root / "broken.json").read_text() == "{ nope"
+
+
+async def test_enter_opens_and_r_replays(tmp_path):
+    store = _store(tmp_path)
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert app.results[-1][0] == "open" and app.results[-1][1].id == "s1"
+        app.push_screen(SessionsScreen(store), app.results.append)
+        await pilot.pause()
+        await pilot.press("r")
+        await pilot.pause()
+        what, session = app.results[-1]
+        assert what == "replay" and session.id == "s2" and session.messages[2].trace
+
+
+async def test_rename_and_delete_with_confirmation(tmp_path):
+    store = _store(tmp_path)
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await pilot.pause()
+        assert isinstance(app.screen, RenameScreen)
+        app.screen.query_one("Input").value = ""
+        await pilot.press(*"Sorting notes", "enter")
+        await pilot.pause()
+        assert store.load("s2").title == "Sorting notes"
+        table = app.screen.query_one(DataTable)
+        assert table.get_row_at(table.cursor_row)[0] == "Sorting notes"  # the cursor stays on it
+
+        await pilot.press("d")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")  # keep it
+        await pilot.pause()
+        assert store.path_for("s2").exists()
+        await pilot.press("d")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert not store.path_for("s2").exists()
+        assert app.screen.query_one(DataTable).row_count == 2
+        assert sorted(p.name for p in store.root.iterdir()) == ["s0.json", "s1.json"]
+
+
+async def test_exports_markdown_and_json(tmp_path):
+    store = _store(tmp_path, n=1)
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        await pilot.press("m", "j")
+        await pilot.pause()
+    md = (tmp_path / "exports" / "s0.md").read_text()
+    assert md.startswith("# session number 0") and "## Assistant" in md and "tokens/cycle" in md
+    assert SessionStore(tmp_path / "x").load(tmp_path / "exports" / "s0.json").id == "s0"
+
+
+async def test_empty_directory_says_so(tmp_path):
+    app = Host(SessionStore(tmp_path / "none"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert app.screen.query_one("#sessions-empty").display
+        assert not app.screen.query_one(DataTable).display
+        await pilot.press("escape")
+        await pilot.pause()
+    assert app.results == [None]
