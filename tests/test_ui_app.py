@@ -400,3 +400,74 @@ async def test_layout_stacks_at_80x24_and_spreads_when_wide(qwen3_dirs):
         chat, side = app.query_one("#chat").region, app.query_one("#side").region
         assert side.x >= chat.right and chat.height == side.height  # side by side
         assert chat.width >= 80
+
+
+async def test_turns_are_saved_and_a_session_reopens(qwen3_dirs):
+    from dflash_tui.sessions import SessionStore
+    from dflash_tui.ui.sessions_screen import SessionsScreen
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 5
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "first question")
+        await finish_turn(pilot, app)
+        summaries, problems = SessionStore().list()
+        assert len(summaries) == 1 and not problems
+        saved = SessionStore().load(summaries[0].id)
+        assert [m.role for m in saved.messages] == ["user", "assistant"]
+        assert saved.messages[1].content == app.engine.conversation.messages[1]["content"]
+        assert [e["type"] for e in saved.messages[1].trace][:2] == ["prefill", "block"]
+
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: not app.chat.query(UserMessage) and app.engine.conversation.messages == [],
+                       5, "a new conversation")
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, SessionsScreen)
+        await pilot.press("o")
+        await wait_for(pilot, lambda: app.session is not None and app.chat.query(UserMessage), 10, "the session to open")
+        await pilot.pause(0.2)
+        assert [u.raw_text for u in app.chat.query(UserMessage)] == ["first question"]
+        assert app.engine.conversation.messages == [{"role": m.role, "content": m.content} for m in saved.messages]
+        # the next turn continues the same session file
+        await send(pilot, app, "second")
+        await finish_turn(pilot, app)
+        again = SessionStore().load(saved.id)
+        assert [m.role for m in again.messages] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_an_unwritable_data_dir_is_reported_and_the_chat_goes_on(qwen3_dirs, monkeypatch):
+    from dflash_tui.sessions import SessionStore
+
+    def refuse(self, session):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SessionStore, "save", refuse)
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 4
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello")
+        await finish_turn(pilot, app)
+        assert any("could not save the session" in n.message and "stays in memory" in n.message
+                   for n in app._notifications)
+        await send(pilot, app, "still here?")
+        await finish_turn(pilot, app)
+        assert [m["role"] for m in app.engine.conversation.messages] == ["user", "assistant", "user", "assistant"]
+        assert len(app.session.messages) == 4
+
+
+async def test_palette_lists_the_app_commands(qwen3_dirs):
+    from textual.command import CommandPalette
+
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press(*"toggle baseline")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert app.baseline is True

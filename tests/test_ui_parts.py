@@ -150,7 +150,7 @@ async def test_model_picker_returns_the_chosen_pair(tmp_path, anyio_backend):
             await pilot.pause(0.05)
         prompts = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
         assert any("Qwen/Qwen3-4B" in p and "in your cache" in p for p in prompts)
-        assert any("known pairs" in p for p in prompts)
+        assert any("known pair" in p for p in prompts)
         cached_index = next(i for i, p in enumerate(prompts) if "in your cache" in p)
         options.highlighted = cached_index
         await pilot.pause()

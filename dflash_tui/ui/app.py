@@ -379,7 +379,11 @@ class DFlashApp(App[None]):
         self.refresh_bindings()
 
     # -- actions -------------------------------------------------------------
+    _CHAT_ACTIONS = {"stop", "regenerate", "new_chat", "pick_model", "sessions", "copy_reply", "toggle_panes", "help"}
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action in self._CHAT_ACTIONS and len(self.screen_stack) > 1 and self.screen is not self.screen_stack[0]:
+            return False  # another screen (replay, sessions, a picker) is in front: its keys, not the chat's
         if action == "stop":
             return self.generating  # shown (and live) only while a reply streams
         return True
@@ -416,7 +420,7 @@ class DFlashApp(App[None]):
             if choice:
                 self.load_model(choice[0], choice[1], remember=True)
 
-        self.push_screen(ModelPicker(self.target_name), picked)
+        self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name), picked)
 
     def action_sessions(self) -> None:
         from dflash_tui.ui.sessions_screen import SessionsScreen

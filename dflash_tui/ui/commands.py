@@ -108,7 +108,7 @@ COMMANDS: list[SlashCommand] = [
     SlashCommand("top-p", "[P]", "nucleus sampling: keep the top tokens up to probability P", _setting("top_p", "top-p")),
     SlashCommand("block", "[N]", "DFlash block size (0 = the draft's own)", _setting("block_size", "block size")),
     SlashCommand("max-tokens", "[N]", "longest reply, in tokens", _setting("max_tokens", "max tokens")),
-    SlashCommand("baseline", "[on|off]", "toggle target-only decoding, for A/B against DFlash", _baseline),
+    SlashCommand("baseline", "[on/off]", "toggle target-only decoding, for A/B against DFlash", _baseline),
     SlashCommand("model", "[MODEL [DRAFT]]", "load another pair; no argument opens the picker", _model),
     SlashCommand("theme", "[NAME]", "switch theme; no name opens the theme picker", _theme),
     SlashCommand("save", "", "save the session now (it is also saved after every reply)", _save),
@@ -183,13 +183,14 @@ class DFlashProvider(Provider):
 
 # -- help ----------------------------------------------------------------------
 def help_markdown(keys: list[tuple[str, str]]) -> str:
-    lines = ["# dflash-tui", "", "Type a message and press **Enter**. Lines starting with `/` are commands.", "",
-             "## Commands", "", "| command | what it does |", "| --- | --- |"]
+    lines = ["# dflash-tui", "", "Type a message and press **Enter**. Lines starting with `/` are commands "
+             "(`//` sends a literal `/`).", "", "## Commands", ""]
     for c in COMMANDS:
-        lines.append(f"| `/{c.name}{(' ' + c.args) if c.args else ''}` | {c.help} |")
-    lines += ["", "## Keys", "", "| key | what it does |", "| --- | --- |"]
-    lines += [f"| `{key}` | {what} |" for key, what in keys]
-    lines += ["", "Settings changed with commands last for this run; the theme and a model picked in the app are remembered in config.toml."]
+        lines.append(f"- `/{c.name}{(' ' + c.args) if c.args else ''}` — {c.help}")
+    lines += ["", "## Keys", ""]
+    lines += [f"- `{key}` — {what}" for key, what in keys]
+    lines += ["", "Settings changed with commands last for this run; the theme and a model picked in the app "
+              "are remembered in config.toml."]
     return "\n".join(lines)
 
 

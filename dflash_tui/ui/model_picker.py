@@ -22,7 +22,7 @@ class ModelChoice:
     target: str
     draft: Optional[str]
     detail: str
-    group: str  # "demo" | "cached" | "known"
+    group: str  # "loaded" | "demo" | "cached" | "known"
 
 
 def _human_size(n: int) -> str:
@@ -72,7 +72,7 @@ def known_pairs() -> list[ModelChoice]:
     from dflash_tui.engine.registry import KNOWN_PAIRS, SUGGESTED_TARGETS
 
     return [
-        ModelChoice(SUGGESTED_TARGETS.get(name, name), draft, f"draft {draft} · downloads from the hub", "known")
+        ModelChoice(SUGGESTED_TARGETS.get(name, name), draft, f"draft {draft} (downloads)", "known")
         for name, draft in KNOWN_PAIRS.items()
     ]
 
@@ -94,9 +94,11 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, current: Optional[str] = None, cache_dir: Optional[Path] = None) -> None:
+    def __init__(self, current: Optional[str] = None, cache_dir: Optional[Path] = None,
+                 current_draft: Optional[str] = None) -> None:
         super().__init__()
         self.current = current
+        self.current_draft = current_draft
         self.cache_dir = cache_dir  # None: the Hugging Face default
         self.choices: list[ModelChoice] = []
 
@@ -123,17 +125,18 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
     @work(thread=True, exclusive=True)
     def _scan(self) -> None:
         # a filesystem walk, no MLX: fine off the engine thread
-        choices = [c for c in [demo_pair()] if c] + cached_models(self.cache_dir) + known_pairs()
+        loaded = ModelChoice(self.current, self.current_draft, f"draft {self.current_draft or 'none'}", "loaded") if self.current else None
+        choices = [c for c in [loaded, demo_pair()] if c] + cached_models(self.cache_dir) + known_pairs()
         self.app.call_from_thread(self._show, choices)
 
     def _show(self, choices: list[ModelChoice]) -> None:
         self.choices = choices
         options = self.query_one(OptionList)
         options.loading = False
-        titles = {"demo": "demo", "cached": "in your cache", "known": "known pairs"}
+        titles = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair"}
         for i, choice in enumerate(choices):
             prompt = Text.assemble(
-                ("● " if choice.target == self.current else "  "),
+                ("● " if choice.group == "loaded" else "  "),
                 (choice.target, "bold"),
                 (f"  {titles[choice.group]} · {choice.detail}", "dim"),
             )
