@@ -129,3 +129,30 @@ async def test_empty_directory_says_so(tmp_path):
         await pilot.press("escape")
         await pilot.pause()
     assert app.results == [None]
+
+
+async def test_the_chat_app_replays_a_saved_session_and_comes_back(tmp_path, monkeypatch):
+    """ctrl+o in the chat app, r on a session: the replay screen plays it; Esc returns to the chat."""
+    from dflash_tui.ui.app import DFlashApp
+    from dflash_tui.ui.replay_screen import ReplayScreen
+
+    store = _store(tmp_path, n=1)
+    monkeypatch.setattr("dflash_tui.sessions.default_root", lambda: store.root)
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause()
+        main = app.screen
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, SessionsScreen)
+        await pilot.press("r")
+        await pilot.pause()
+        replay = app.screen
+        assert isinstance(replay, ReplayScreen) and replay.session.id == "s0"
+        await pilot.press("i")
+        await pilot.pause(0.5)
+        assert replay.player.finished
+        assert replay.chat.last_assistant().raw_text == store.load("s0").messages[-1].content
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is main

@@ -193,6 +193,7 @@ class AcceptanceRows(ScrollView):
         self.decoder: Optional[Decoder] = None
         self._dropped = 0  # rows pushed out at the top; keys the strip cache by absolute row number
         self._cache: dict[int, Strip] = {}
+        self._lines: dict[tuple[int, int, int], Strip] = {}  # cropped to the view: (row, scroll x, width)
         self._width = 0
         self._pinned = False  # a scroll to the end is on its way
 
@@ -204,6 +205,7 @@ class AcceptanceRows(ScrollView):
         self.rows.clear()
         self._dropped = 0
         self._cache.clear()
+        self._lines.clear()
         self._width = 0
         self.virtual_size = Size(0, 0)
         if self.is_mounted:
@@ -216,7 +218,7 @@ class AcceptanceRows(ScrollView):
         follow = self._pinned or not self.is_mounted or self.is_vertical_scroll_end or not self.rows
         for b in blocks:
             if len(self.rows) == self.rows.maxlen:
-                self._cache.pop(self._dropped, None)
+                self._cache.pop(self._dropped, None)  # its cropped lines age out with the size cap below
                 self._dropped += 1
             self.rows.append(b)
             if self.is_mounted:  # component styles exist only once mounted; on_mount measures the rest
@@ -238,9 +240,11 @@ class AcceptanceRows(ScrollView):
     def notify_style_update(self) -> None:
         super().notify_style_update()
         self._cache.clear()  # a theme change recolours every row
+        self._lines.clear()
 
     def _relayout(self) -> None:
         self._cache.clear()
+        self._lines.clear()
         self._width = max((self._row_strip(self._dropped + i).cell_length for i in range(len(self.rows))), default=0)
         self.virtual_size = Size(self._width, len(self.rows))
         self.refresh()
@@ -302,8 +306,14 @@ class AcceptanceRows(ScrollView):
         base = self.rich_style
         if number >= len(self.rows):
             return Strip.blank(width, base)
-        strip = self._row_strip(self._dropped + number).apply_style(base)
-        return strip.crop_extend(scroll_x, scroll_x + width, base).apply_offsets(scroll_x, number)
+        key = (self._dropped + number, scroll_x, width)
+        line = self._lines.get(key)
+        if line is None:
+            if len(self._lines) > 4 * MAX_ROWS:
+                self._lines.clear()
+            strip = self._row_strip(key[0]).apply_style(base)
+            line = self._lines[key] = strip.crop_extend(scroll_x, scroll_x + width, base).simplify()
+        return line
 
 
 # -- the widget -----------------------------------------------------------------------

@@ -275,8 +275,8 @@ class SystemMeter(Widget):
     def _update(self, spark: bool = False) -> None:
         if spark or not self._spark.data:
             self._spark.data = list(self.state.samples) or [0.0]
-        self._head.refresh(layout=True)
-        self._body.refresh(layout=True)
+        self._head.refresh()  # fixed heights: a repaint, never a relayout
+        self._body.refresh()
 
     # -- the lines ------------------------------------------------------------------------
     def _head_lines(self, w: MeterText, compact: bool) -> Text:
