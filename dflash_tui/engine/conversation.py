@@ -11,8 +11,8 @@ import mlx.core as mx
 from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
 from dflash_tui.engine.loading import Pair
-from dflash_tui.engine.sampling import greedy
-from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_proposals
+from dflash_tui.engine.sampling import KeyStream, SamplingConfig, sample
+from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_logits
 from dflash_tui.engine.state import DecodeState
 
 CancelFn = Callable[[], bool]
@@ -32,6 +32,10 @@ class GenerationSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def sampling(self) -> SamplingConfig:
+        """The token-choice part; raises ValueError on an out-of-range value."""
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
 
 
 def _never() -> bool:
@@ -60,7 +64,7 @@ class Conversation:
         self.tokenizer = pair.target.tokenizer
         self.use_chat_template = use_chat_template and getattr(self.tokenizer, "chat_template", None) is not None
         self.state = DecodeState(pair.target, pair.draft)
-        self.propose: Proposer = draft_proposals  # swappable, e.g. for an oracle in tests
+        self.propose: Proposer = draft_logits  # swappable, e.g. for an oracle in tests
         self.messages: list[dict[str, str]] = []
         self.system = system
         self.reset(system)
@@ -104,7 +108,12 @@ class Conversation:
             yield Error("empty prompt")
             return
         try:
-            done = yield from self._decode(prompt, settings, should_cancel)
+            sampling = settings.sampling()
+        except ValueError as exc:
+            yield Error(f"bad sampling settings: {exc}")
+            return
+        try:
+            done = yield from self._decode(prompt, settings, sampling, should_cancel)
         except Exception as exc:  # an MLX failure (out of memory...) mid-turn: report, start clean
             self.state.reset()
             yield Error(f"generation failed: {type(exc).__name__}: {exc}")
@@ -113,12 +122,14 @@ class Conversation:
             self.messages.append({"role": "assistant", "content": done.text})
         yield done
 
-    def _decode(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn):
+    def _decode(self, prompt: list[int], settings: GenerationSettings, sampling: SamplingConfig, should_cancel: CancelFn):
         state = self.state
         use_draft = state.draft is not None and not settings.baseline
         block_size = settings.block_size or (state.draft.config.block_size if state.draft is not None else 1)
         max_tokens = settings.max_tokens
         eos = self.eos_ids
+        # one explicit key per turn: a seed reproduces the turn whatever else runs in the process
+        keys = None if sampling.is_greedy else KeyStream(settings.seed)
         mx.reset_peak_memory()
 
         # reuse what the caches already hold; at least one token must be prefilled
@@ -153,7 +164,7 @@ class Conversation:
                 detok.add_token(t)
             return detok.text[before:]
 
-        first = int(greedy(logits).item())
+        first = int(sample(logits, sampling, keys.next() if keys is not None else None).item())
         kept, text, finished = emit([first])
         tokens.extend(kept)
         yield Block(index=0, drafted=[], accepted=0, emitted=kept, text=text)
@@ -161,9 +172,9 @@ class Conversation:
         if not finished and max_tokens > 1:
             remaining = lambda: max_tokens - len(tokens)  # noqa: E731
             cycles = (
-                dflash_cycles(state, first, block_size, remaining, should_cancel, self.propose)
+                dflash_cycles(state, first, block_size, remaining, should_cancel, self.propose, sampling, keys)
                 if use_draft
-                else baseline_cycles(state, first, remaining, should_cancel)
+                else baseline_cycles(state, first, remaining, should_cancel, sampling, keys)
             )
             for cyc in cycles:
                 kept, text, finished = emit(cyc.emitted)
@@ -206,5 +217,7 @@ class Conversation:
             "verify_ms": totals["verify_ms"],
             "rollback_ms": totals["rollback_ms"],
             "peak_memory": mx.get_peak_memory(),
+            "temperature": sampling.temperature,
+            "seed": keys.seed if keys is not None else None,  # the seed actually used: an unseeded run can be redone
         }
         return Done(tokens=tokens, text=detok.text, finish_reason=finish, stats=stats)

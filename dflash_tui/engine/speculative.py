@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
 
-from dflash_tui.engine.sampling import accept_greedy, greedy
+from dflash_tui.engine.sampling import (
+    KeyStream,
+    SamplingConfig,
+    accept_greedy,
+    greedy,
+    probabilities,
+    sample,
+    sample_proposals,
+    speculative_accept,
+)
 from dflash_tui.engine.state import DecodeState
 
 
@@ -24,17 +33,36 @@ class Cycle:
     rollback_ms: float
 
 
-def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
-    """One draft forward over [token, MASK x (b-1)] -> b-1 greedy proposals (lazy)."""
+def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
+    """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals ([b-1, V], lazy)."""
     target, draft = state.target, state.draft
     block = mx.array([[token] + [draft.config.mask_token_id] * (b - 1)])
     hidden = draft(target.embed(block), state.take_pending(), state.draft_cache)
     for c in state.draft_cache:
         c.trim(b)  # the block's own K/V is never kept
-    return greedy(target.head(hidden[:, 1:]))[0]
+    return target.head(hidden[:, 1:])[0]
 
 
+def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
+    """One draft forward -> b-1 greedy proposals (lazy)."""
+    return greedy(draft_logits(state, token, b))
+
+
+# A proposer returns either [b-1] token ids (a deterministic draft: under
+# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits,
+# from which the loop takes the argmax or, when sampling, draws from q.
 Proposer = Callable[[DecodeState, int, int], mx.array]
+
+
+def _choose_proposals(
+    proposed: mx.array, sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
+) -> tuple[mx.array, Optional[mx.array]]:
+    """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
+    if proposed.ndim == 1:
+        return proposed, None
+    if sampling is None:
+        return greedy(proposed), None
+    return sample_proposals(proposed, sampling, keys.next())
 
 
 def dflash_cycles(
@@ -43,16 +71,22 @@ def dflash_cycles(
     block_size: int,
     remaining: Callable[[], int],
     should_cancel: Callable[[], bool] = lambda: False,
-    propose: Proposer = draft_proposals,
+    propose: Proposer = draft_logits,
+    sampling: Optional[SamplingConfig] = None,
+    keys: Optional[KeyStream] = None,
 ) -> Iterator[Cycle]:
     """Yield cycles until the caller stops iterating, `remaining()` hits 0, or a cancel.
 
     `first_token` is committed but not yet in the target cache. After each
     yielded cycle the state is consistent: its last emitted token is the next
-    cycle's first, not yet in the cache.
+    cycle's first, not yet in the cache. With a non-greedy `sampling` (and its
+    `keys`), verification is speculative rejection sampling.
     """
     target = state.target
     assert state.draft is not None
+    if sampling is not None and sampling.is_greedy:
+        sampling = None  # temperature 0 is the exact greedy path
+    assert sampling is None or keys is not None, "sampling needs a key stream"
     token = first_token
     while not should_cancel():
         left = remaining()
@@ -60,23 +94,35 @@ def dflash_cycles(
             return
         b = max(1, min(block_size, left))
         tic = time.perf_counter()
-        drafted_arr = None
+        drafted_arr = q = None
         if b > 1:
-            drafted_arr = propose(state, token, b)
-            mx.eval(drafted_arr)
+            drafted_arr, q = _choose_proposals(propose(state, token, b), sampling, keys)
+            mx.eval(drafted_arr, q)
         t_draft = time.perf_counter()
 
         first = mx.array([token])
         verify_in = mx.concatenate([first, drafted_arr.astype(first.dtype)]) if drafted_arr is not None else first
         target.begin_verify(state.target_cache)
         logits, feats = target.forward(verify_in[None], state.target_cache)
-        posterior_arr = greedy(logits[0])
-        mx.eval(posterior_arr, feats)
-        t_verify = time.perf_counter()
-
-        drafted = drafted_arr.tolist() if drafted_arr is not None else []
-        posterior = posterior_arr.tolist()
-        accepted = accept_greedy(drafted, posterior)
+        if sampling is None:
+            posterior_arr = greedy(logits[0])
+            mx.eval(posterior_arr, feats)
+            t_verify = time.perf_counter()
+            drafted = drafted_arr.tolist() if drafted_arr is not None else []
+            posterior = posterior_arr.tolist()
+            accepted = accept_greedy(drafted, posterior)
+            next_token = posterior[accepted]
+        else:
+            if drafted_arr is None:
+                result = mx.stack([mx.array(0, mx.int32), sample(logits[0, 0], sampling, keys.next())])
+                readback = result
+            else:
+                result = speculative_accept(drafted_arr, q, probabilities(logits[0], sampling), keys.next())
+                readback = mx.concatenate([drafted_arr.astype(mx.int32), result])
+            mx.eval(readback, feats)
+            t_verify = time.perf_counter()
+            values = readback.tolist()  # the cycle's one host read: proposals, accepted, next token
+            drafted, (accepted, next_token) = values[:-2], values[-2:]
         keep = accepted + 1
         target.rollback(state.target_cache, keep, b)
         state.tokens.append(token)
@@ -85,7 +131,7 @@ def dflash_cycles(
             state.pending.append(feats[:, :keep] if keep < b else feats)
         t_roll = time.perf_counter()
 
-        token = posterior[accepted]
+        token = next_token
         yield Cycle(
             drafted=drafted,
             accepted=accepted,
