@@ -405,10 +405,12 @@ class SessionStore:
             raise SessionError(f"not a session id: {session_id!r}")
         return self.root / f"{session_id}.json"
 
-    def new(self, target: str, draft: Optional[str], settings: dict[str, Any], device: Optional[str] = None) -> Session:
+    def new(self, target: str, draft: Optional[str], settings: dict[str, Any], device: Optional[str] = None,
+            decoder: Optional[Callable[[int], str]] = None) -> Session:
+        """A session not yet on disk. `decoder` (token id -> text) lets replies record their tokens' text."""
         stamp = now_iso()
         return Session(id=new_id(), title="", created=stamp, updated=stamp, target=target, draft=draft,
-                       settings=dict(settings), device=device)
+                       settings=dict(settings), device=device, decoder=decoder)
 
     # -- writing ---------------------------------------------------------------
     @contextlib.contextmanager

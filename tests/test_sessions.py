@@ -385,3 +385,15 @@ def test_cli_bad_input_is_one_line(tmp_path, args, expect):
     assert r.returncode != 0
     assert expect in r.stderr and "Traceback" not in r.stderr
     assert broken.read_text() == '{"format": "dflash-tui-session", '
+
+
+def test_cli_replay_starts_the_replay_app_without_a_model(monkeypatch):
+    from dflash_tui import cli
+    from dflash_tui.ui import replay_screen
+
+    started = []
+    monkeypatch.setattr(replay_screen.ReplayApp, "run", lambda self: started.append((self.session.id, self.speed)))
+    assert cli.main(["replay", str(FIXTURE), "--speed", "4"]) == 0
+    assert started == [("fixture-trace-session", 4.0)]
+    assert cli.main(["replay", str(FIXTURE), "--speed", "instant"]) == 0
+    assert started[-1][1] == float("inf")
