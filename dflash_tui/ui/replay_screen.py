@@ -51,14 +51,15 @@ class ReplayScreen(Screen[None]):
     ReplayScreen.-narrow #replay-meter { width: 40; height: 100%; }
     ReplayScreen.-narrow.-short #replay-side { height: 10; }
     """
+    # priority: the focused conversation pane must not take space or → for its own scrolling
     BINDINGS = [
-        Binding("space", "toggle_pause", "Play/pause"),
-        Binding("right", "step", "Step"),
-        Binding("plus,equals_sign", "faster", "Faster"),
-        Binding("minus,underscore", "slower", "Slower"),
-        Binding("n", "next_message", "Next msg"),
-        Binding("p", "previous_message", "Prev msg"),
-        Binding("i", "instant", "Instant"),
+        Binding("space", "toggle_pause", "Play/pause", priority=True),
+        Binding("right", "step", "Step", priority=True),
+        Binding("plus,equals_sign", "faster", "Faster", priority=True),
+        Binding("minus,underscore", "slower", "Slower", priority=True),
+        Binding("n", "next_message", "Next msg", priority=True),
+        Binding("p", "previous_message", "Prev msg", priority=True),
+        Binding("i", "instant", "Instant", priority=True),
         Binding("escape,q", "close", "Close"),
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
