@@ -68,10 +68,6 @@ class Record:
 
 # -- which layers can be intercepted ------------------------------------------
 
-def _base_call(cls: type) -> Callable:
-    return cls.__call__
-
-
 def supports(layer: nn.Module) -> bool:
     """True for mlx-lm Gated DeltaNet layers whose forward this module can record."""
     if type(layer) in _recording_classes.values():
@@ -80,6 +76,8 @@ def supports(layer: nn.Module) -> bool:
     code = getattr(fn, "__code__", None)
     if code is None or "gated_delta_update" not in code.co_names:
         return False
+    if fn.__globals__.get("gated_delta_update") is not _gd.gated_delta_update:
+        return False  # the replay and the stepwise loop assume mlx-lm's own recurrence
     if not isinstance(getattr(layer, "conv1d", None), nn.Conv1d):
         return False
     params = list(inspect.signature(fn).parameters)
@@ -105,7 +103,7 @@ def _rebound_call(fn: Callable) -> Callable:
 
 def _recording_class(cls: type) -> type:
     if cls not in _recording_classes:
-        base = _base_call(cls)
+        base = cls.__call__
         armed = _rebound_call(base)
 
         def __call__(self, inputs, mask=None, cache=None):
@@ -131,7 +129,7 @@ def _recording_class(cls: type) -> type:
 
 def _conv_class(cls: type) -> type:
     if cls not in _conv_classes:
-        base = _base_call(cls)
+        base = cls.__call__
 
         def __call__(self, x):
             rec = getattr(_active, "record", None)
