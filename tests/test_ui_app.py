@@ -471,3 +471,64 @@ async def test_palette_lists_the_app_commands(qwen3_dirs):
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert app.baseline is True
+
+
+async def test_the_view_follows_the_stream_only_at_the_bottom(qwen3_dirs, engine_events):
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 100000
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        chat = app.chat
+        await send(pilot, app, "go")  # the fixture pair rambles on for hundreds of tokens here
+        await wait_for(pilot, lambda: chat.max_scroll_y > 1 or not app.generating, what="the reply to outgrow the pane")
+        assert app.generating, "this prompt should give a long reply on the fixture pair"
+        assert chat.scroll_y == chat.max_scroll_y  # following
+        chat.scroll_home(animate=False)  # the user scrolls up to read
+        await pilot.pause(0.1)
+        grown_from = chat.max_scroll_y
+        await wait_for(pilot, lambda: chat.max_scroll_y > grown_from, what="more text")
+        assert chat.scroll_y == 0  # left where the user put it
+        chat.scroll_end(animate=False)  # back at the bottom: following again
+        await pilot.pause(0.1)
+        grown_from = chat.max_scroll_y
+        await wait_for(pilot, lambda: chat.max_scroll_y > grown_from, what="more text")
+        await pilot.pause(0.1)
+        assert chat.scroll_y == chat.max_scroll_y
+        await pilot.press("escape")
+        await finish_turn(pilot, app, timeout=10)
+
+
+async def test_loading_shows_progress_and_a_failure_clears_it():
+    from dflash_tui.ui import messages as msg
+    from dflash_tui.ui.chat_view import LoadingPanel
+
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.load_model("someone/big-model")
+        await pilot.pause()
+        assert app.model_state == "loading"
+        # what the worker posts while a big model downloads and loads
+        app.post_message(msg.EngineLoading("someone/big-model", "downloading weights", 0.4))
+        await pilot.pause()
+        panel = app.chat.query_one(LoadingPanel)
+        assert panel.query_one("ProgressBar").progress == pytest.approx(40)
+        assert "downloading weights" in str(panel.query_one(".loading-stage").render())
+        await send(pilot, app, "too early")
+        assert not app.generating and app.prompt.value == "too early"
+        app.post_message(msg.EngineFailed("someone/big-model", "out of memory while loading someone/big-model"))
+        await pilot.pause()
+        assert not app.chat.query(LoadingPanel)
+        assert app.model_state == "failed"
+        assert any("out of memory" in str(n.render()) for n in app.chat.query(Note))
+
+
+async def test_after_load_the_meter_shows_the_pair_device_memory_and_a_measured_baseline(qwen3_dirs):
+    app = make_app(qwen3_dirs, probe_tokens=8)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await pilot.pause(0.2)
+        state = app.meter.state
+        assert state.target == str(qwen3_dirs["target"]) and state.draft == str(qwen3_dirs["draft"])
+        assert state.device and state.device.startswith(("cpu", "gpu"))
+        assert state.baseline_tps and state.baseline_tps > 0  # measured by the probe, not guessed
+        assert state.rss_bytes and state.rss_bytes > 0 and state.active_bytes is not None
