@@ -100,6 +100,17 @@ async def test_rows_are_capped_and_batches_repaint_once():
         assert view.stats.cycles == 120  # the figures still count every cycle
         assert view.rows.virtual_size.height == 50
         assert view.rows.is_vertical_scroll_end  # following the newest row
+        view.rows.scroll_to(0, 3, animate=False, immediate=True)  # the user looks back
+        await pilot.pause()
+        view.add_blocks(batch[:5])
+        await pilot.pause()
+        assert view.rows.scroll_offset.y == 3  # left where they are
+        view.rows.scroll_end(animate=False, immediate=True)
+        await pilot.pause()
+        for i in range(0, 30, 6):  # quick batches, no repaint between them
+            view.add_blocks(batch[i:i + 6])
+        await pilot.pause(0.1)
+        assert view.rows.is_vertical_scroll_end and view.rows.rows[-1].index == 30
         view.reset()
         await pilot.pause()
         assert view.stats.cycles == 0 and len(view.rows.rows) == 0

@@ -195,7 +195,7 @@ class AcceptanceRows(ScrollView):
         self._cache: dict[int, Strip] = {}
         self._lines: dict[tuple[int, int, int], Strip] = {}  # cropped to the view: (row, scroll x, width)
         self._width = 0
-        self._pinned = False  # a scroll to the end is on its way
+        self._follow = True  # keep the newest row in view (until the user scrolls up)
 
     def set_decoder(self, fn: Optional[Decoder]) -> None:
         self.decoder = fn
@@ -208,6 +208,7 @@ class AcceptanceRows(ScrollView):
         self._lines.clear()
         self._width = 0
         self.virtual_size = Size(0, 0)
+        self._follow = True
         if self.is_mounted:
             self.scroll_to(0, 0, animate=False, immediate=True)
         self.refresh()
@@ -215,7 +216,6 @@ class AcceptanceRows(ScrollView):
     def add(self, blocks: list[Block]) -> None:
         if not blocks:
             return
-        follow = self._pinned or not self.is_mounted or self.is_vertical_scroll_end or not self.rows
         for b in blocks:
             if len(self.rows) == self.rows.maxlen:
                 self._cache.pop(self._dropped, None)  # its cropped lines age out with the size cap below
@@ -224,18 +224,20 @@ class AcceptanceRows(ScrollView):
             if self.is_mounted:  # component styles exist only once mounted; on_mount measures the rest
                 self._width = max(self._width, self._row_strip(self._dropped + len(self.rows) - 1).cell_length)
         self.virtual_size = Size(self._width, len(self.rows))
-        if follow and self.is_mounted and not self._pinned:
-            self._pinned = True  # the scroll can only happen once the new size is laid out
-            self.call_after_refresh(self._to_end)
+        if self._follow and self.is_mounted:
+            self.scroll_end(animate=False, x_axis=False)  # deferred until the new size is laid out
         self.refresh()
 
-    def _to_end(self) -> None:
-        self.scroll_end(animate=False, immediate=True, x_axis=False)
-        self._pinned = False
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value >= self.max_scroll_y:
+            self._follow = True  # back at the newest row (or clamped there)
+        elif new_value < old_value:
+            self._follow = False  # the user scrolled up: stay put
 
     def on_mount(self) -> None:
         self._relayout()
-        self.scroll_end(animate=False, immediate=True, x_axis=False)
+        self.scroll_end(animate=False, x_axis=False)
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
