@@ -175,3 +175,24 @@ def test_bundled_themes_load():
     themes, problems = load_themes()
     assert problems == []
     assert {"dflash-dark", "dflash-light", "dflash-amber"} <= {t.name for t in themes}
+
+
+def test_chat_command_picks_the_pair(monkeypatch):
+    import argparse
+
+    from dflash_tui.commands import chat
+    from dflash_tui.errors import UserError
+
+    def args(**kw):
+        base = dict(model=None, draft=None, demo=False)
+        base.update(kw)
+        return argparse.Namespace(**base)
+
+    assert chat._pair(args(model="m", draft="d"), "") == ("m", "d")
+    assert chat._pair(args(), "configured/model") == (None, None)  # the app reads config.toml
+    with pytest.raises(UserError, match="--draft needs --model"):
+        chat._pair(args(draft="d"), "")
+    with pytest.raises(UserError, match="cannot be combined"):
+        chat._pair(args(demo=True, model="m"), "")
+    monkeypatch.setattr(chat, "_demo", lambda: (_ for _ in ()).throw(UserError("no demo here")))
+    assert chat._pair(args(), "") == (None, None)  # no demo either: the app opens the picker

@@ -18,6 +18,7 @@ from textual.theme import Theme
 from textual.widgets import Footer
 
 from dflash_tui.config import DEFAULT_THEME, Config, LoadedConfig, data_dir, load_config, save_settings
+from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
@@ -102,7 +103,7 @@ class DFlashApp(App[None]):
         self.turn_id = 0
         self._handle: Optional[AssistantHandle] = None
         self._turn_user_text: Optional[str] = None
-        self._recorder = None  # the turn's TraceRecorder
+        self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
         self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
         self._theme_save_timer = None
         self._session_after_load = None
@@ -119,21 +120,26 @@ class DFlashApp(App[None]):
         yield PromptBox(id="prompt")
         yield Footer()
 
+    # the chat's own widgets, even while a replay screen with its own ChatView is in front
+    @property
+    def main_screen(self):
+        return self.screen_stack[0]
+
     @property
     def chat(self) -> ChatView:
-        return self.query_one(ChatView)
+        return self.main_screen.query_one("#chat", ChatView)
 
     @property
     def acceptance(self) -> AcceptanceView:
-        return self.query_one(AcceptanceView)
+        return self.main_screen.query_one("#acceptance", AcceptanceView)
 
     @property
     def meter(self) -> SystemMeter:
-        return self.query_one(SystemMeter)
+        return self.main_screen.query_one("#meter", SystemMeter)
 
     @property
     def prompt(self) -> PromptBox:
-        return self.query_one(PromptBox)
+        return self.main_screen.query_one(PromptBox)
 
     def on_mount(self) -> None:
         self._setup_themes()
@@ -328,8 +334,6 @@ class DFlashApp(App[None]):
         self.turn_id += 1
         self.generating = True
         self._turn_user_text = text
-        from dflash_tui.sessions import TraceRecorder
-
         self._recorder = TraceRecorder()
         if text is not None:
             self.chat.add_user(text)
@@ -382,7 +386,7 @@ class DFlashApp(App[None]):
     _CHAT_ACTIONS = {"stop", "regenerate", "new_chat", "pick_model", "sessions", "copy_reply", "toggle_panes", "help"}
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
-        if action in self._CHAT_ACTIONS and len(self.screen_stack) > 1 and self.screen is not self.screen_stack[0]:
+        if action in self._CHAT_ACTIONS and self.screen is not self.main_screen:
             return False  # another screen (replay, sessions, a picker) is in front: its keys, not the chat's
         if action == "stop":
             return self.generating  # shown (and live) only while a reply streams
