@@ -418,6 +418,9 @@ async def test_turns_are_saved_and_a_session_reopens(qwen3_dirs):
         assert [m.role for m in saved.messages] == ["user", "assistant"]
         assert saved.messages[1].content == app.engine.conversation.messages[1]["content"]
         assert [e["type"] for e in saved.messages[1].trace][:2] == ["prefill", "block"]
+        # the tokens' text is recorded, so a replay without the model can show the cells
+        drafted = {t for e in saved.messages[1].trace if e["type"] == "block" for t in e["drafted"]}
+        assert drafted and all(saved.token_text.get(t) is not None for t in drafted)
 
         await pilot.press("ctrl+n")
         await wait_for(pilot, lambda: not app.chat.query(UserMessage) and app.engine.conversation.messages == [],

@@ -98,6 +98,7 @@ class DFlashApp(App[None]):
         self.draft_name: Optional[str] = None
         self.draft_block_size = 0
         self.device: Optional[str] = None
+        self.decoder = None  # token id -> text, from the loaded tokenizer
         self.baseline_tps: Optional[float] = None
         self.generating = False
         self.turn_id = 0
@@ -267,8 +268,11 @@ class DFlashApp(App[None]):
         self.target_name, self.draft_name = message.target, message.draft
         self.draft_block_size = message.block_size
         self.device = message.device
+        self.decoder = message.decoder
         self.baseline_tps = None
         self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
+        if self.session is not None:
+            self.session.decoder = message.decoder
         self.acceptance.reset()
         self.acceptance.set_decoder(message.decoder)
         self.meter.set_pair(message.target, message.draft, message.device)
@@ -465,6 +469,7 @@ class DFlashApp(App[None]):
             self.load_model(session.target, session.draft, keep_chat=True)
         else:
             self.session = session
+            session.decoder = self.decoder  # new replies record their tokens' text
         self.engine.submit(Restore(messages))  # queued after the load, so it lands in the new conversation
 
     def action_copy_reply(self) -> None:
@@ -517,7 +522,7 @@ class DFlashApp(App[None]):
             store = self._store()
             if self.session is None:
                 self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings(),
-                                         device=self.device)
+                                         device=self.device, decoder=self.decoder)
                 if self.system_prompt:
                     self.session.add_message("system", self.system_prompt, None)
             if self._turn_user_text is not None:
