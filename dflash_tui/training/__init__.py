@@ -1,0 +1,1 @@
+"""Training recipes: the DFlash draft trainer and the bundled demo pair's build."""

@@ -1,0 +1,112 @@
+"""Pieces shared by the trainers: learning-rate schedule, progress lines, sharded saves."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional, TextIO
+
+import mlx.core as mx
+
+SHARD_BYTES = 15 * 2**20  # one weight file stays under 15 MiB
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int, final_fraction: float = 0.1) -> float:
+    """Linear warm-up to `peak`, then cosine decay to `final_fraction * peak` at `total`."""
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return peak * (final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class Progress:
+    """A progress bar on a terminal, plain periodic lines otherwise (logs, pipes)."""
+
+    def __init__(self, phase: str, total: int, every_s: float = 5.0, stream: Optional[TextIO] = None):
+        self.phase = phase
+        self.total = max(1, total)
+        self.every_s = every_s
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.perf_counter()
+        self._last = -1e9
+
+    def update(self, step: int, force: bool = False, **values: float) -> None:
+        now = time.perf_counter()
+        if not force and not self.tty and now - self._last < self.every_s:
+            return
+        if not force and self.tty and now - self._last < 0.2:
+            return
+        self._last = now
+        frac = min(1.0, step / self.total)
+        fields = " ".join(f"{k} {v:.4g}" for k, v in values.items())
+        elapsed = now - self.start
+        if self.tty:
+            bar = "#" * int(frac * 24)
+            self.stream.write(f"\r[{self.phase}] [{bar:<24}] {step}/{self.total} {fields} {elapsed:.0f}s ")
+        else:
+            self.stream.write(f"[{self.phase}] {step}/{self.total} {fields} {elapsed:.0f}s\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def save_sharded(weights: dict[str, mx.array], out_dir: Path, shard_bytes: int = SHARD_BYTES) -> list[str]:
+    """mlx-lm's layout: model.safetensors, or model-0000i-of-0000n.safetensors + an index."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, mx.array]] = [{}]
+    size = 0
+    for k in sorted(weights):
+        v = weights[k]
+        if size and size + v.nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += v.nbytes
+    for old in out_dir.glob("model*.safetensors"):
+        old.unlink()
+    names = ["model.safetensors"] if len(shards) == 1 else [
+        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    ]
+    weight_map = {}
+    for name, shard in zip(names, shards):
+        mx.save_safetensors(str(out_dir / name), shard, metadata={"format": "mlx"})
+        weight_map.update({k: name for k in shard})
+    index = out_dir / "model.safetensors.index.json"
+    if len(shards) > 1:
+        total = sum(v.nbytes for v in weights.values())
+        index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    elif index.exists():
+        index.unlink()
+    return names
+
+
+def compiled_or_plain(compiled, plain, name: str):
+    """Use the compiled step; if its first call fails to trace, fall back to the plain one."""
+    chosen = {"fn": compiled, "tried": False}
+
+    def call(*args):
+        if chosen["tried"]:
+            return chosen["fn"](*args)
+        chosen["tried"] = True
+        try:
+            out = compiled(*args)
+            mx.eval(out)
+            return out
+        except Exception as exc:  # an MLX backend that cannot compile this graph: slower, still right
+            log(f"[{name}] compile failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); running uncompiled")
+            chosen["fn"] = plain
+            return plain(*args)
+
+    return call
