@@ -63,8 +63,19 @@ def _attention(attn: DraftAttention, x: mx.array, ctx: mx.array, anchors: mx.arr
     kc, vc = attn._kv(ctx, 0)  # the context at its absolute positions 0..L-1
     keys = mx.concatenate([kc, kb.astype(kc.dtype)], axis=2)
     values = mx.concatenate([vc, vb.astype(vc.dtype)], axis=2)
-    out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+    out = _masked_attention(q, keys, values, attn.scale, mask)
     return attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, n, -1))
+
+
+def _masked_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
+    """Plain softmax attention with a boolean mask and GQA, spelled out: its gradient needs no fused kernel."""
+    B, Hq, n, D = q.shape
+    Hk = k.shape[1]
+    q = q.reshape(B, Hk, Hq // Hk, n, D)
+    scores = (q * scale) @ k[:, :, None].swapaxes(-1, -2)  # [B, Hk, g, n, S]
+    scores = mx.where(mask[:, :, None], scores.astype(mx.float32), -mx.inf)
+    weights = mx.softmax(scores, axis=-1).astype(v.dtype)
+    return (weights @ v[:, :, None]).reshape(B, Hq, n, D)
 
 
 def _layer(layer: DraftLayer, x: mx.array, ctx: mx.array, anchors: mx.array, mask: mx.array, bs: int) -> mx.array:
