@@ -196,4 +196,7 @@ async def feed_trace(app, pilot, trace: dict, batch: int = 6) -> None:
     await pilot.pause()
     while app.generating:
         await pilot.pause(0.05)
-    await pilot.pause(0.3)
+    # let the final Markdown update, the footer and the rows' scroll settle, however busy the machine is
+    for _ in range(4):
+        await pilot.wait_for_scheduled_animations()
+        await pilot.pause(0.1)
