@@ -24,7 +24,9 @@ def _capturing_class(cls: type) -> type:
 
         def __call__(self, *args, **kwargs):
             out = cls.__call__(self, *args, **kwargs)
-            self._dflash_sink.append(out)
+            sink = self._dflash_sink
+            if sink is not None:  # armed only inside Target.forward: plain mlx-lm calls capture nothing
+                sink.append(out)
             return out
 
         _capturing_classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
@@ -43,7 +45,6 @@ class Target:
         self.args = self.lm.args
         self.layers = list(self.backbone.layers)
         self.capture_ids: list[int] = []
-        self._sink: list[mx.array] = []
 
     # -- shape facts -------------------------------------------------------
     @property
@@ -74,7 +75,7 @@ class Target:
             layer = self.layers[i]
             layer.__class__ = _capturing_class(type(layer))
             # a plain attribute, not an nn.Module child, so it stays out of parameters()
-            object.__setattr__(layer, "_dflash_sink", self._sink)
+            object.__setattr__(layer, "_dflash_sink", None)
         self.capture_ids = sorted(layer_ids)
 
     def release_capture(self) -> None:
@@ -84,6 +85,10 @@ class Target:
                 layer.__class__ = type(layer).__mro__[1]
                 object.__delattr__(layer, "_dflash_sink")
         self.capture_ids = []
+
+    def _arm(self, sink: Optional[list]) -> None:
+        for i in self.capture_ids:
+            object.__setattr__(self.layers[i], "_dflash_sink", sink)
 
     # -- forward -----------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -96,10 +101,13 @@ class Target:
 
     def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
         """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
-        self._sink.clear()
-        h = self.backbone(tokens, cache)
-        feats = mx.concatenate(self._sink, axis=-1) if self._sink else None
-        self._sink.clear()
+        sink: list[mx.array] = []
+        self._arm(sink)
+        try:
+            h = self.backbone(tokens, cache)
+        finally:
+            self._arm(None)
+        feats = mx.concatenate(sink, axis=-1) if sink else None
         if last_only:
             h = h[:, -1:]
         return self.head(h), feats
