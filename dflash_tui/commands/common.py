@@ -19,7 +19,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--max-tokens", type=int, default=512, metavar="N")
-    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size (default: the draft's own)")
+    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size, or auto (default: the draft's own)")
     g.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, metavar="P")
     g.add_argument("--top-k", type=int, default=0, metavar="K")
@@ -66,7 +66,7 @@ def settings_from_args(args: argparse.Namespace, **extra):
     block = args.block_size
     kwargs = dict(
         max_tokens=args.max_tokens,
-        block_size=None if block in (None, "auto") else block,
+        block_size=block,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import mlx.core as mx
 
+from dflash_tui.engine.adaptive import CANDIDATES, BlockSizer, measure_costs
 from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
 from dflash_tui.engine.loading import Pair
@@ -21,7 +22,7 @@ CancelFn = Callable[[], bool]
 @dataclass
 class GenerationSettings:
     max_tokens: int = 512
-    block_size: Optional[int] = None  # None: the draft's own block size
+    block_size: Optional[Union[int, str]] = None  # None: the draft's own; "auto": adaptive
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -65,6 +66,7 @@ class Conversation:
         self.use_chat_template = use_chat_template and getattr(self.tokenizer, "chat_template", None) is not None
         self.state = DecodeState(pair.target, pair.draft)
         self.propose: Proposer = draft_logits  # swappable, e.g. for an oracle in tests
+        self._sizer: Optional[BlockSizer] = None
         self.messages: list[dict[str, str]] = []
         self.system = system
         self.reset(system)
@@ -73,6 +75,14 @@ class Conversation:
         """Start over (the caches are kept: the next turn reuses what still matches)."""
         self.system = system
         self.messages = [{"role": "system", "content": system}] if system else []
+
+    def block_sizer(self, max_block: int) -> BlockSizer:
+        """The adaptive sizer; its cost curve is measured once, its acceptance carries over turns."""
+        if self._sizer is None or self._sizer.max_block != max(b for b in CANDIDATES if b <= max_block):
+            costs = measure_costs(self.target, self.state.draft, tuple(b for b in CANDIDATES if b <= max_block))
+            self._sizer = BlockSizer(costs, max_block)
+        self._sizer.chosen = {}
+        return self._sizer
 
     @property
     def eos_ids(self) -> set[int]:
@@ -125,7 +135,9 @@ class Conversation:
     def _decode(self, prompt: list[int], settings: GenerationSettings, sampling: SamplingConfig, should_cancel: CancelFn):
         state = self.state
         use_draft = state.draft is not None and not settings.baseline
-        block_size = settings.block_size or (state.draft.config.block_size if state.draft is not None else 1)
+        draft_block = state.draft.config.block_size if state.draft is not None else 1
+        sizer = self.block_sizer(draft_block) if use_draft and settings.block_size == "auto" else None
+        block_size = draft_block if settings.block_size in (None, "auto") else settings.block_size
         max_tokens = settings.max_tokens
         eos = self.eos_ids
         # one explicit key per turn: a seed reproduces the turn whatever else runs in the process
@@ -172,7 +184,7 @@ class Conversation:
         if not finished and max_tokens > 1:
             remaining = lambda: max_tokens - len(tokens)  # noqa: E731
             cycles = (
-                dflash_cycles(state, first, block_size, remaining, should_cancel, self.propose, sampling, keys)
+                dflash_cycles(state, first, sizer or block_size, remaining, should_cancel, self.propose, sampling, keys)
                 if use_draft
                 else baseline_cycles(state, first, remaining, should_cancel, sampling, keys)
             )
@@ -200,7 +212,8 @@ class Conversation:
         n = len(tokens)
         stats = {
             "mode": "dflash" if use_draft else "baseline",
-            "block_size": block_size if use_draft else 1,
+            "block_size": ("auto" if sizer else block_size) if use_draft else 1,
+            "block_sizes": dict(sorted(sizer.chosen.items())) if sizer else {},
             "prompt_tokens": len(prompt),
             "cached_tokens": cached,
             "prefill_s": prefill_s,

@@ -18,6 +18,7 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
+from dflash_tui.engine.adaptive import BlockSizer
 from dflash_tui.engine.state import DecodeState
 
 
@@ -68,7 +69,7 @@ def _choose_proposals(
 def dflash_cycles(
     state: DecodeState,
     first_token: int,
-    block_size: int,
+    block_size: "int | BlockSizer",
     remaining: Callable[[], int],
     should_cancel: Callable[[], bool] = lambda: False,
     propose: Proposer = draft_logits,
@@ -87,12 +88,13 @@ def dflash_cycles(
     if sampling is not None and sampling.is_greedy:
         sampling = None  # temperature 0 is the exact greedy path
     assert sampling is None or keys is not None, "sampling needs a key stream"
+    sizer = block_size if isinstance(block_size, BlockSizer) else None
     token = first_token
     while not should_cancel():
         left = remaining()
         if left <= 0:
             return
-        b = max(1, min(block_size, left))
+        b = block_size.choose(left) if sizer else max(1, min(block_size, left))
         tic = time.perf_counter()
         drafted_arr = q = None
         if b > 1:
@@ -123,6 +125,8 @@ def dflash_cycles(
             t_verify = time.perf_counter()
             values = readback.tolist()  # the cycle's one host read: proposals, accepted, next token
             drafted, (accepted, next_token) = values[:-2], values[-2:]
+        if sizer is not None and b > 1:
+            sizer.observe(b, accepted)
         keep = accepted + 1
         target.rollback(state.target_cache, keep, b)
         state.tokens.append(token)

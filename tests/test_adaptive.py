@@ -1,0 +1,57 @@
+"""Adaptive block size: the choice follows cost and acceptance; the output never changes."""
+
+from __future__ import annotations
+
+from conftest import oracle_proposer, reference_tokens
+from dflash_tui.engine.adaptive import BlockSizer, measure_costs
+from dflash_tui.engine.conversation import Conversation, GenerationSettings
+
+FLAT = {b: 1.0 for b in (2, 4, 8, 16)}  # a device where a block costs the same whatever its size
+STEEP = {b: 0.5 + 0.25 * b for b in (2, 4, 8, 16)}  # verify cost grows with the block
+
+
+def test_expected_tokens_follow_acceptance():
+    s = BlockSizer(FLAT, 16, prior=0.5, prior_weight=1.0)
+    assert abs(s.expected_tokens(1) - 1.0) < 1e-9
+    assert abs(s.expected_tokens(3) - (1 + 0.5 + 0.25)) < 1e-9
+
+
+def test_choice_depends_on_cost_and_acceptance():
+    good = BlockSizer(STEEP, 16)
+    bad = BlockSizer(STEEP, 16)
+    for _ in range(60):
+        good.observe(16, 15)  # every proposal accepted
+        bad.observe(16, 0)  # the first proposal always rejected
+    assert good.choose() == 16
+    assert bad.choose() == 2
+    assert BlockSizer(FLAT, 16, prior=0.3).choose() == 16  # free extra positions are always worth it
+    assert good.choose(left=3) == 3  # never past max_tokens
+
+
+def test_observe_counts_only_what_was_tested():
+    s = BlockSizer(FLAT, 8, prior=0.5, prior_weight=0.001)
+    s.observe(8, 2)  # positions 1, 2 accepted, 3 rejected, 4.. never tested
+    assert s.accept_rate(1) > 0.99 and s.accept_rate(2) > 0.99 and s.accept_rate(3) < 0.01
+    assert abs(s.accept_rate(4) - 2 / 3) < 0.02  # untested: the pooled rate
+
+
+def test_measured_costs_cover_the_sizes(qwen3_pair):
+    costs = measure_costs(qwen3_pair.target, qwen3_pair.draft, (2, 8, 16), context=16, reps=1)
+    assert set(costs) == {2, 8, 16} and all(c > 0 for c in costs.values())
+
+
+def test_auto_block_size_is_exact_and_adapts(qwen3_pair):
+    conv = Conversation(qwen3_pair)
+    conv.messages.append({"role": "user", "content": "adapt"})
+    ids = conv.prompt_tokens()
+    conv.messages.clear()
+    ref = reference_tokens(qwen3_pair, ids, 150)
+    conv.propose = oracle_proposer(ids + ref, error_rate=0.0, vocab=qwen3_pair.target.vocab_size)
+    conv._sizer = BlockSizer(STEEP, 16, prior=0.2)  # a known cost curve; a low prior starts small
+    events = list(conv.generate("adapt", GenerationSettings(max_tokens=150, block_size="auto")))
+    done = events[-1]
+    assert done.tokens == ref
+    assert done.stats["block_size"] == "auto" and done.stats["block_sizes"]
+    # a draft that is always right pushes the choice from small blocks to the largest
+    sizes = [len(e.drafted) + 1 for e in events if getattr(e, "drafted", None)]
+    assert sizes[0] < 8 and sizes[-3:-1] == [16, 16], sizes
