@@ -1,0 +1,71 @@
+"""`dflash-tui bench`: DFlash vs the target alone (mlx_lm.stream_generate), side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
+from dflash_tui.errors import UserError
+
+DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--prompt", "-p", help="a user message (default: a short coding request)")
+    src.add_argument("--prompts", type=Path, metavar="FILE", help="one user message per line, or JSONL with a 'prompt' field")
+    parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
+    parser.add_argument("--runs", type=int, default=3, metavar="N", help="runs per prompt; the median is reported")
+    parser.add_argument("--cooldown", type=float, default=1.0, metavar="S", help="seconds of rest between runs")
+    parser.add_argument("--block-size", type=_block_size, default="auto", metavar="B|auto")
+    parser.add_argument("--temperature", type=float, default=0.0, metavar="T")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="also write the JSON report here")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    if args.prompts is None:
+        return [args.prompt or DEFAULT_PROMPT]
+    try:
+        lines = [line.strip() for line in args.prompts.read_text().splitlines() if line.strip()]
+    except OSError as exc:
+        raise UserError(f"cannot read prompts file {args.prompts}: {exc.strerror}") from None
+    prompts = []
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UserError(f"bad JSONL line in {args.prompts}: {line[:60]}") from None
+        else:
+            prompts.append(line)
+    if not prompts:
+        raise UserError(f"no prompts in {args.prompts}")
+    return prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_tui.bench.compare import bench, format_table
+    from dflash_tui.engine.loading import load_pair
+
+    if args.runs < 1 or args.max_tokens < 2:
+        raise UserError("--runs must be >= 1 and --max-tokens >= 2")
+    texts = read_prompts(args)
+    model, draft = resolve_pair(args)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code)
+    tok = pair.target.tokenizer
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
+               for t in texts]
+    report = bench(pair, prompts, max_tokens=args.max_tokens, runs=args.runs, cooldown=args.cooldown,
+                   block_size=args.block_size, temperature=args.temperature)
+    text = json.dumps(report, indent=2)
+    if args.out:
+        try:
+            args.out.write_text(text + "\n")
+        except OSError as exc:
+            raise UserError(f"cannot write {args.out}: {exc.strerror}") from None
+    print(text if args.json else format_table(report))
+    return 0

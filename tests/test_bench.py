@@ -1,0 +1,39 @@
+"""Bench mechanics on the fixture pair: fields, identical-output check, valid JSON (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+
+from test_cli_generate import assert_one_line_error, cli, pair_args
+
+
+def test_bench_json_report(qwen3_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "first"}\nsecond as plain text\n')
+    out = tmp_path / "report.json"
+    r = cli("bench", *pair_args(qwen3_dirs), "--prompts", str(prompts), "--max-tokens", "24", "--runs", "2",
+            "--cooldown", "0", "--block-size", "4", "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert json.loads(out.read_text()) == report
+    assert report["machine"]["mlx"] and report["machine"]["device"]
+    assert len(report["results"]) == 2
+    for res in report["results"]:
+        assert res["identical"] is True
+        assert res["generated_tokens"] == 24
+        for side in ("baseline", "dflash"):
+            for key in ("decode_tps", "ttft_s", "peak_memory", "tokens_per_cycle", "acceptance"):
+                assert key in res[side]
+        assert set(res["dflash"]["phases_ms_per_cycle"]) == {"draft", "verify", "rollback", "host"}
+        assert res["speedup"] > 0
+    assert report["summary"]["all_identical"] is True
+
+
+def test_bench_table_with_auto_block(qwen3_dirs):
+    r = cli("bench", *pair_args(qwen3_dirs), "--max-tokens", "16", "--runs", "1", "--cooldown", "0")
+    assert r.returncode == 0, r.stderr
+    assert "speedup" in r.stdout and "identical outputs: True" in r.stdout and "block auto" in r.stdout
+
+
+def test_bench_bad_prompts_file(qwen3_dirs, tmp_path):
+    assert_one_line_error(cli("bench", *pair_args(qwen3_dirs), "--prompts", str(tmp_path / "none.txt")), "cannot read prompts")
