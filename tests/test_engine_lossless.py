@@ -152,3 +152,17 @@ def test_block_text_adds_up_to_done_text(qwen3_pair):
     events, done = run(conv, "text", GenerationSettings(max_tokens=60, block_size=4))
     assert "".join(e.text for e in events if isinstance(e, Block)) == done.text
     assert done.text == qwen3_pair.target.tokenizer.decode(done.tokens)
+
+
+def test_a_failed_turn_leaves_no_half_message(qwen3_pair, monkeypatch):
+    conv = Conversation(qwen3_pair)
+    run(conv, "works", GenerationSettings(max_tokens=5, block_size=4))
+    before = [dict(m) for m in conv.messages]
+
+    def boom(*a, **k):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(conv.state, "prefill", boom)
+    events = list(conv.generate("fails", GenerationSettings(max_tokens=5)))
+    assert events[-1].type == "error" and "out of memory" in events[-1].message
+    assert conv.messages == before

@@ -98,7 +98,7 @@ class Conversation:
     # -- turns -------------------------------------------------------------
     def generate(self, user_text: str, settings: GenerationSettings, should_cancel: CancelFn = _never) -> Iterator[Event]:
         self.messages.append({"role": "user", "content": user_text})
-        yield from self._turn(self.prompt_tokens(), settings, should_cancel, record=True)
+        yield from self._turn(self.prompt_tokens(), settings, should_cancel, record=True, owns_user_message=True)
 
     def regenerate(self, settings: GenerationSettings, should_cancel: CancelFn = _never) -> Iterator[Event]:
         """Redo the last assistant reply."""
@@ -113,7 +113,7 @@ class Conversation:
         """Continue from raw prompt token ids (no messages recorded)."""
         yield from self._turn(list(prompt), settings, should_cancel, record=False)
 
-    def _turn(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn, record: bool) -> Iterator[Event]:
+    def _turn(self, prompt: list[int], settings: GenerationSettings, should_cancel: CancelFn, record: bool, owns_user_message: bool = False) -> Iterator[Event]:
         if not prompt:
             yield Error("empty prompt")
             return
@@ -126,6 +126,8 @@ class Conversation:
             done = yield from self._decode(prompt, settings, sampling, should_cancel)
         except Exception as exc:  # an MLX failure (out of memory...) mid-turn: report, start clean
             self.state.reset()
+            if owns_user_message:
+                self.messages.pop()  # the turn never happened: sending it again must not double it
             yield Error(f"generation failed: {type(exc).__name__}: {exc}")
             return
         if record:

@@ -274,7 +274,10 @@ class SystemMeter(Widget):
 
     def _update(self, spark: bool = False) -> None:
         if spark or not self._spark.data:
-            self._spark.data = list(self.state.samples) or [0.0]
+            samples = list(self.state.samples)
+            self._spark.data = samples or [0.0]
+            # a sparkline of one flat value draws solid bars: keep the row, show nothing
+            self._spark.styles.visibility = "visible" if len(samples) > 1 else "hidden"
         self._head.refresh()  # fixed heights: a repaint, never a relayout
         self._body.refresh()
 
