@@ -10,7 +10,7 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 try:
     import tomllib
@@ -80,7 +80,9 @@ def _float(lo: float, hi: float, open_low: bool = False) -> Callable[[Any], floa
     return check
 
 
-def _block(v: Any) -> int:
+def _block(v: Any):
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return "auto"
     v = _int(0, 256)(v)
     if v == 1:
         raise BadValue("must be 0 (the draft's own size) or at least 2; use /baseline for the target alone")
@@ -131,7 +133,7 @@ class Config:
     theme: str = DEFAULT_THEME
     system: str = ""  # default system prompt
     max_tokens: int = 512
-    block_size: int = 0  # 0 = the draft's own block size
+    block_size: Union[int, str] = "auto"  # "auto" = adaptive; 0 = the draft's own block size
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0

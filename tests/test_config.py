@@ -54,7 +54,7 @@ def test_bad_values_fall_back_one_by_one():
     path.write_text('temperature = "hot"\nmax_tokens = 0\ntop_p = 0.5\nblock_size = 1\n')
     loaded = load_config()
     c = loaded.config
-    assert c.temperature == 0.0 and c.max_tokens == 512 and c.block_size == 0
+    assert c.temperature == 0.0 and c.max_tokens == 512 and c.block_size == "auto"
     assert c.top_p == 0.5  # the good one is kept
     for key in ("'temperature'", "'max_tokens'", "'block_size'"):
         assert key in loaded.message
@@ -82,10 +82,17 @@ def test_save_creates_the_dir_and_validates():
 
 
 @pytest.mark.parametrize(
-    "key,good,bad",
-    [("temperature", "0.7", "-1"), ("top_p", "0.9", "0"), ("block_size", "4", "1"), ("max_tokens", "64", "zero")],
+    "key,good,want,bad",
+    [("temperature", "0.7", 0.7, "-1"), ("top_p", "0.9", 0.9, "0"), ("block_size", "4", 4, "1"), ("max_tokens", "64", 64, "zero")],
 )
-def test_validators(key, good, bad):
-    assert VALIDATORS[key](good) == type(getattr(Config(), key))(good)
+def test_validators(key, good, want, bad):
+    assert VALIDATORS[key](good) == want
     with pytest.raises(BadValue):
         VALIDATORS[key](bad)
+
+
+def test_block_size_auto_is_the_default_and_parses(tmp_path):
+    from dflash_tui.config import VALIDATORS, Config
+
+    assert Config().block_size == "auto" and Config().generation()["block_size"] == "auto"
+    assert VALIDATORS["block_size"]("AUTO") == "auto" and VALIDATORS["block_size"]("8") == 8

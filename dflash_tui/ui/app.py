@@ -210,11 +210,14 @@ class DFlashApp(App[None]):
     def meter_settings(self) -> dict[str, Any]:
         s = self.generation_settings()
         s["block_size"] = 1 if self.baseline else (self.options.block_size or self.draft_block_size or None)
+        s["max_block"] = self.draft_block_size
         s["mode"] = "baseline" if self.baseline else "dflash"
         return s
 
     def describe_setting(self, key: str) -> str:
         value = getattr(self.options, key)
+        if key == "block_size" and value == "auto":
+            return "auto (adaptive, up to the draft's own)"
         if key == "block_size" and value == 0:
             return f"0 (the draft's own: {self.draft_block_size})" if self.draft_block_size else "0 (the draft's own)"
         if key == "temperature" and value == 0:

@@ -106,7 +106,7 @@ COMMANDS: list[SlashCommand] = [
     SlashCommand("system", "[TEXT]", "set the system prompt; no text clears it", _system),
     SlashCommand("temp", "[T]", "sampling temperature (0 = greedy)", _setting("temperature", "temperature")),
     SlashCommand("top-p", "[P]", "nucleus sampling: keep the top tokens up to probability P", _setting("top_p", "top-p")),
-    SlashCommand("block", "[N]", "DFlash block size (0 = the draft's own)", _setting("block_size", "block size")),
+    SlashCommand("block", "[N|auto]", "DFlash block size (auto = adaptive, 0 = the draft's own)", _setting("block_size", "block size")),
     SlashCommand("max-tokens", "[N]", "longest reply, in tokens", _setting("max_tokens", "max tokens")),
     SlashCommand("baseline", "[on/off]", "toggle target-only decoding, for A/B against DFlash", _baseline),
     SlashCommand("model", "[MODEL [DRAFT]]", "load another pair; no argument opens the picker", _model),

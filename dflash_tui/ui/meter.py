@@ -78,6 +78,7 @@ def sampling_label(settings: dict[str, Any]) -> str:
 @dataclass
 class MeterState:
     target: Optional[str] = None
+    last_block: Optional[int] = None  # block size of the latest drafting cycle
     draft: Optional[str] = None
     device: Optional[str] = None
     settings: dict[str, Any] = field(default_factory=dict)
@@ -149,6 +150,7 @@ class MeterState:
         tokens = sum(len(b.emitted) for b in blocks)
         for b in blocks:
             if b.drafted:
+                self.last_block = len(b.drafted) + 1  # the size the engine chose for this cycle
                 self.turn_cycles += 1
                 self.turn_cycle_tokens += len(b.emitted)
         self.turn_tokens += tokens
@@ -359,6 +361,8 @@ class SystemMeter(Widget):
         else:
             t.append("block " if not compact else "B ", label)
             t.append(str(block) if block else "auto", value)
+            if block == "auto" and s.last_block:
+                t.append(f" (now {s.last_block})", label)
         t.append(" · ", label)
         t.append(sampling_label(st), value)
         if st.get("max_tokens"):
