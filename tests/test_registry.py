@@ -18,3 +18,25 @@ def test_every_known_pair_has_a_suggested_target():
     assert set(KNOWN_PAIRS) == set(SUGGESTED_TARGETS)
     for key, repo in SUGGESTED_TARGETS.items():
         assert canonical_name(repo) == key
+
+
+def test_hub_progress_becomes_fractions():
+    from dflash_tui.engine.loading import progress_bar_class
+
+    seen = []
+    bar = progress_bar_class(lambda stage, frac: seen.append((stage, round(frac, 3))), "downloading target", 0.0, 0.4)(total=4)
+    bar.update(1)
+    bar.update(3)
+    bar.close()
+    assert seen == [("downloading target", 0.1), ("downloading target", 0.4)]
+
+
+def test_offline_hub_fetch_is_one_clear_error(monkeypatch):
+    import pytest
+
+    from dflash_tui.engine.loading import fetch
+    from dflash_tui.errors import UserError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError, match="could not fetch nobody/no-such-model"):
+        fetch("nobody/no-such-model", ["*.json"], lambda s, f: None, "downloading target", 0, 1)

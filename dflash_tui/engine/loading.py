@@ -47,10 +47,46 @@ def target_source(model: str) -> str:
     raise UserError(f"model not found: {model} (no such directory, and not a hub repo id like owner/name)")
 
 
-def load_target(model: str, trust_remote_code: bool = False) -> Target:
+# what mlx_lm.load fetches from the hub; code files come along but run only with --trust-remote-code
+TARGET_FILES = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jsonl", "*.jinja"]
+
+
+def progress_bar_class(report: ProgressFn, stage: str, lo: float, hi: float):
+    """A silent tqdm class that turns huggingface_hub's file progress into `report(stage, fraction)`."""
+    from tqdm.auto import tqdm
+
+    class Progress(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True  # never draw on the terminal (the TUI owns it)
+            super().__init__(*args, **kwargs)
+            self.done = 0
+
+        def update(self, n: float = 1) -> None:
+            self.done += n or 0
+            total = self.total or 0
+            if total:
+                report(stage, lo + (hi - lo) * min(1.0, self.done / total))
+
+    return Progress
+
+
+def fetch(repo: str, patterns: list[str], report: ProgressFn, stage: str, lo: float, hi: float) -> str:
+    """Download (or find in the local cache) a hub repo's files, reporting progress."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, allow_patterns=patterns, tqdm_class=progress_bar_class(report, stage, lo, hi))
+    except Exception as exc:  # offline, no such repo, gated, disk full: one line for the user
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"could not fetch {repo} from the Hugging Face hub: {msg}") from None
+
+
+def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None) -> Target:
     import mlx_lm
 
     source = target_source(model)
+    if progress is not None and source == model and _looks_like_repo_id(model):
+        source = fetch(model, TARGET_FILES, progress, "downloading target", 0.0, 0.4)
     try:
         lm, tokenizer = mlx_lm.load(source, trust_remote_code=trust_remote_code)
     except UserError:
@@ -101,11 +137,15 @@ def load_pair(
     if draft_name is None and require_draft:
         raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
     report("loading target", 0.0)
-    target = load_target(model, trust_remote_code=trust_remote_code)
+    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress)
     dmodel = None
     if draft_name is not None:
-        report("loading draft", 0.5)
-        dmodel = load_draft(draft_name, dtype=draft_dtype)
+        if progress is not None and _looks_like_repo_id(draft_name):
+            draft_name_path = fetch(draft_name, ["*.json", "*.safetensors"], report, "downloading draft", 0.5, 0.9)
+        else:
+            draft_name_path = draft_name
+        report("loading draft", 0.9)
+        dmodel = load_draft(draft_name_path, dtype=draft_dtype)
         check_fit(target, dmodel)
         target.set_capture(dmodel.config.target_layer_ids)
     report("ready", 1.0)
