@@ -36,6 +36,9 @@ SHAPES: dict[str, dict[str, Any]] = {
                                                                 linear_head_dim=128, tie=True), ids=[1, 8, 15, 22, 29]),
     "tiny": dict(kind="qwen3", vocab=384, dims=dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=128,
                                                     tie=False), ids=[0, 1, 2]),
+    "tiny-hybrid": dict(kind="qwen3_5", vocab=384, dims=dict(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16,
+                                                            intermediate=128, linear_k_heads=2, linear_v_heads=4,
+                                                            linear_head_dim=16, tie=False), ids=[1, 3, 5]),
 }
 
 
