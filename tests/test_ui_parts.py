@@ -15,7 +15,7 @@ from dflash_tui.ui import messages as msg  # noqa: E402
 from dflash_tui.ui.commands import parse  # noqa: E402
 from dflash_tui.ui.model_picker import ModelPicker, cached_models, known_pairs  # noqa: E402
 from dflash_tui.ui.themes import ThemeError, load_themes, theme_from_dict  # noqa: E402
-from dflash_tui.ui.worker import EngineWorker, Generate  # noqa: E402
+from dflash_tui.ui.worker import FLUSH_INTERVAL_S, EngineWorker, Generate  # noqa: E402
 
 
 class FakeConversation:
@@ -64,7 +64,7 @@ def test_fast_cycles_are_coalesced_into_few_messages():
 
 
 def test_slow_cycles_go_out_one_by_one():
-    posted, _ = run_fake(5, 0.06)
+    posted, _ = run_fake(5, FLUSH_INTERVAL_S + 0.03)
     batches = [m for m in posted if isinstance(m, msg.TurnBlocks)]
     assert [len(m.blocks) for m in batches] == [1] * 5
 
