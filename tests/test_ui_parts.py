@@ -196,3 +196,28 @@ def test_chat_command_picks_the_pair(monkeypatch):
         chat._pair(args(demo=True, model="m"), "")
     monkeypatch.setattr(chat, "_demo", lambda: (_ for _ in ()).throw(UserError("no demo here")))
     assert chat._pair(args(), "") == (None, None)  # no demo either: the app opens the picker
+
+
+def test_a_chunk_streamed_before_mount_shows_once():
+    import asyncio
+
+    from textual.app import App
+    from textual.widgets import Markdown
+
+    from dflash_tui.ui.chat_view import ChatView
+
+    class Host(App):
+        def compose(self):
+            yield ChatView()
+
+    async def go() -> str:
+        app = Host()
+        async with app.run_test() as pilot:
+            handle = app.query_one(ChatView).start_assistant()
+            handle.append("Hello")  # before the message is mounted
+            handle.append(" world")
+            await pilot.pause(0.3)
+            md = handle.message.query_one(Markdown)
+            return md.source
+
+    assert asyncio.run(go()) == "Hello world"

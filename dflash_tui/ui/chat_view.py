@@ -106,10 +106,11 @@ class AssistantMessage(MessageBlock):
     def __init__(self, text: str = "", footer: str = "", **kwargs) -> None:
         super().__init__(text, **kwargs)
         self._footer = footer
+        self._initial = text  # not raw_text: a stream may append to that before we are composed
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
-        yield Markdown(visible(self.raw_text), classes="message-body")
+        yield Markdown(visible(self._initial), classes="message-body")
         yield Static(self._footer, classes="message-footer", markup=False)
 
     @property
