@@ -15,7 +15,38 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from dflash_tui.engine.draft import plain_attention, plain_attention_pays
+
 _capturing_classes: dict[type, type] = {}
+_plain_sdpa_classes: dict[type, type] = {}
+
+
+def _verify_sdpa(original):
+    """mlx-lm's `scaled_dot_product_attention`, with multi-query causal calls done as plain matmuls."""
+
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") or not (mask is None or mask == "causal"):
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        return plain_attention(queries, keys, values, scale, causal=mask == "causal")
+
+    return sdpa
+
+
+def _plain_sdpa_class(cls: type) -> Optional[type]:
+    """A subclass of an attention class whose __call__ runs mlx-lm's own code with only
+    `scaled_dot_product_attention` swapped, or None if the class does not call it."""
+    if cls not in _plain_sdpa_classes:
+        fn = cls.__call__
+        g = getattr(fn, "__globals__", {})
+        if "scaled_dot_product_attention" not in g or "scaled_dot_product_attention" not in fn.__code__.co_names:
+            _plain_sdpa_classes[cls] = None
+        else:
+            import types
+
+            patched = dict(g, scaled_dot_product_attention=_verify_sdpa(g["scaled_dot_product_attention"]))
+            call = types.FunctionType(fn.__code__, patched, fn.__name__, fn.__defaults__, fn.__closure__)
+            _plain_sdpa_classes[cls] = type(f"PlainSDPA{cls.__name__}", (cls,), {"__call__": call})
+    return _plain_sdpa_classes[cls]
 
 
 def _capturing_class(cls: type) -> type:
@@ -45,6 +76,20 @@ class Target:
         self.args = self.lm.args
         self.layers = list(self.backbone.layers)
         self.capture_ids: list[int] = []
+        if plain_attention_pays():
+            self.use_plain_attention()
+
+    def use_plain_attention(self) -> int:
+        """Route this model's multi-query attention through plain matmuls (per instance);
+        returns how many attention modules were switched."""
+        n = 0
+        for layer in self.layers:
+            attn = getattr(layer, "self_attn", None)
+            cls = _plain_sdpa_class(type(attn)) if attn is not None else None
+            if cls is not None and type(attn) is not cls:
+                attn.__class__ = cls
+                n += 1
+        return n
 
     # -- shape facts -------------------------------------------------------
     @property
