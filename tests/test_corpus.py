@@ -119,3 +119,35 @@ def test_held_out_split_is_by_request_text():
     b = Example("Return the sum of a and b.", "def g(): pass\n", "y.py:9")
     assert is_held_out(a, 500) == is_held_out(b, 500)
     assert not is_held_out(Example("Write the Python function `f`.", "", "", "named"), 1000)
+
+
+def test_unseen_requests_are_kept_apart(tmp_path):
+    root = _tree(tmp_path / "src")
+    out = tmp_path / "c"
+    counts = write_corpus([root], out, held_out_per_mille=0, named_per_cent=50)
+    train = read_examples(out / "train.jsonl.gz")
+    unseen = read_examples(out / "unseen.jsonl.gz")
+    assert counts["unseen"] == len(unseen) > 0
+    named_train = {r["prompt"] for r in train if r["kind"] == "named"}
+    assert not named_train & {r["prompt"] for r in unseen}
+    # every undocumented function lands on exactly one side
+    assert named_train | {r["prompt"] for r in unseen} >= {"Write the method `Stack.pop`.", "Write the Python function `weird`."}
+    # the training pairs are the same as without the unseen split
+    plain = write_corpus([root], tmp_path / "p", held_out_per_mille=0, named_per_cent=50)
+    assert plain["train"] == counts["train"]
+
+
+def test_draft_prompt_mix(tmp_path):
+    import gzip
+
+    from dflash_tui.training.build_demo import draft_prompts
+
+    train = [{"prompt": f"train {i}"} for i in range(10)]
+    with gzip.open(tmp_path / "unseen.jsonl.gz", "wt") as f:
+        for i in range(10):
+            f.write(json.dumps({"prompt": f"unseen {i}"}) + "\n")
+    mix = draft_prompts(train, tmp_path / "unseen.jsonl.gz", 8, 0.5, seed=0)
+    texts = [m[0]["content"] for m in mix]
+    assert len(texts) == 8 and sum(t.startswith("unseen") for t in texts) == 4
+    assert texts == [m[0]["content"] for m in draft_prompts(train, tmp_path / "unseen.jsonl.gz", 8, 0.5, seed=0)]
+    assert all(t.startswith("train") for t in (m[0]["content"] for m in draft_prompts(train, tmp_path / "none.gz", 5, 0.5, 0)))

@@ -160,3 +160,24 @@ def test_compiled_step_matches_plain(tiny_target, tmp_path):
                           checkpoint_every=0, compile=compiled)
         losses.append(train_draft(target, prompts, tmp_path / f"c{compiled}", cfg)["train"]["final_loss"])
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+
+
+def test_step_budget_fits_the_pace_after_the_slow_first_steps():
+    from dflash_tui.training.common import StepBudget
+
+    budget = StepBudget(seconds=10.0, steps=None, window=10, first_fit=5)
+    elapsed = 3.0  # the first step pays for compiling
+    assert not budget.tick(1, elapsed)
+    for step in range(2, 31):
+        elapsed += 0.1
+        assert not budget.tick(step, elapsed)
+    assert budget.fitted
+    assert 69 <= budget.total <= 72  # 30 done, 4.1 s left at 0.1 s a step
+    assert budget.tick(31, 10.5)
+
+
+def test_step_budget_with_fixed_steps_keeps_them():
+    from dflash_tui.training.common import StepBudget
+
+    budget = StepBudget(seconds=None, steps=7)
+    assert budget.total == 7 and budget.fitted and not budget.tick(3, 1e9)

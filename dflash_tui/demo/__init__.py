@@ -1,10 +1,13 @@
 """The bundled offline demo pair: a small Python-writing target and its DFlash draft.
 
 Built by `python -m dflash_tui.training.build_demo`; see dflash_tui/training/.
+`DFLASH_TUI_DEMO_DIR` (a directory holding target/ and draft/) points at
+another build, e.g. a fresh one before it is bundled.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dflash_tui.errors import UserError
@@ -12,10 +15,15 @@ from dflash_tui.errors import UserError
 _HERE = Path(__file__).resolve().parent
 
 
+def _root() -> Path:
+    override = os.environ.get("DFLASH_TUI_DEMO_DIR")
+    return Path(override).expanduser() if override else _HERE
+
+
 def _checked(path: Path, what: str) -> Path:
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
         raise UserError(
-            f"the demo {what} weights are missing from {path}; rebuild them with "
+            f"the demo {what} weights are missing from {path}; build them with "
             "`python -m dflash_tui.training.build_demo`, or pass --model/--draft"
         )
     return path
@@ -23,9 +31,9 @@ def _checked(path: Path, what: str) -> Path:
 
 def demo_target_path() -> Path:
     """Directory of the demo target (an mlx-lm `qwen3` model with its tokenizer)."""
-    return _checked(_HERE / "target", "target")
+    return _checked(_root() / "target", "target")
 
 
 def demo_draft_path() -> Path:
     """Directory of the demo DFlash draft (z-lab checkpoint format)."""
-    return _checked(_HERE / "draft", "draft")
+    return _checked(_root() / "draft", "draft")

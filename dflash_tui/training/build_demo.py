@@ -40,6 +40,24 @@ def _export(src: Path, dest: Optional[Path], names: list[str]) -> None:
             shutil.copyfile(src / name, dest / name)
 
 
+def draft_prompts(train_ex: list[dict], unseen_file: Path, n: int, unseen_share: float, seed: int) -> list[list[dict]]:
+    """Requests for the draft's regeneration: a seeded mix of training requests and unseen ones.
+
+    On unseen requests the target writes new code, as it does for users; on
+    its training requests it recites. A draft trained on recitals alone
+    learns them by heart and accepts poorly on anything new.
+    """
+    from dflash_tui.training.corpus import read_examples
+
+    rng = np.random.default_rng(seed)
+    unseen = read_examples(unseen_file) if unseen_file.exists() and unseen_share > 0 else []
+    n_unseen = min(len(unseen), int(round(n * unseen_share)))
+    picked = [unseen[i]["prompt"] for i in rng.permutation(len(unseen))[:n_unseen]]
+    picked += [train_ex[i]["prompt"] for i in rng.permutation(len(train_ex))[: n - n_unseen]]
+    order = rng.permutation(len(picked))  # mixed, so a time budget cuts both kinds alike
+    return [[{"role": "user", "content": picked[i]}] for i in order]
+
+
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Build the bundled DFlash demo pair (target + draft).")
     p.add_argument("--work", type=Path, required=True, help="scratch directory")
@@ -72,7 +90,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--draft-seconds", type=float, default=150.0)
     p.add_argument("--regen-prompts", type=int, default=60000)
     p.add_argument("--regen-seconds", type=float, default=60.0)
-    p.add_argument("--regen-batch", type=int, default=512)
+    p.add_argument("--regen-batch", type=int, default=1024)
+    p.add_argument("--regen-finish", type=float, default=0.9, help="a regeneration batch stops once this share of rows ended")
+    p.add_argument("--unseen-share", type=float, default=0.5, help="share of draft prompts the target never trained on")
     p.add_argument("--max-new-tokens", type=int, default=384)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--eval-max-tokens", type=int, default=200)
@@ -153,14 +173,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     from dflash_tui.training.trainer import TrainConfig, train_draft
 
     target = load_target(str(args.target_out))
-    rng = np.random.default_rng(args.seed)
-    order = rng.permutation(len(train_ex))[: args.regen_prompts]
-    prompts = [[{"role": "user", "content": train_ex[i]["prompt"]}] for i in order]
+    prompts = draft_prompts(train_ex, corpus / "unseen.jsonl.gz", args.regen_prompts, args.unseen_share, args.seed)
     evals = [[{"role": "user", "content": e["prompt"]}] for e in held_ex[: args.eval_prompts]]
     cfg = TrainConfig(layers=args.draft_layers, block_size=args.block_size, target_layer_ids=args.target_layers,
                       steps=args.draft_steps, seconds=None if args.draft_steps else args.draft_seconds,
                       lr=args.draft_lr, batch_size=args.draft_batch, anchors=args.anchors, seq_len=args.seq_len,
-                      max_new_tokens=args.max_new_tokens, regen_batch=args.regen_batch,
+                      max_new_tokens=args.max_new_tokens, regen_batch=args.regen_batch, regen_finish=args.regen_finish,
                       regen_seconds=args.regen_seconds, seed=args.seed, eval_max_tokens=args.eval_max_tokens,
                       checkpoint_every=0, compile=not args.no_compile)
     run_dir = work / "draft_run"

@@ -110,3 +110,37 @@ def compiled_or_plain(compiled, plain, name: str):
             return plain(*args)
 
     return call
+
+
+class StepBudget:
+    """A step count fitted to a wall-clock budget, re-fitted as the pace settles.
+
+    The first steps pay for compiling (once per new shape), so the pace is
+    measured over the most recent window, not from the start.
+    """
+
+    def __init__(self, seconds: Optional[float], steps: Optional[int], window: int = 50, first_fit: int = 30):
+        self.seconds = seconds
+        self.fixed = steps
+        self.total = steps if steps is not None else 10**9
+        self.window = window
+        self.first_fit = first_fit
+        self._marks: list[tuple[int, float]] = []
+        self._ticks = 0
+
+    def tick(self, step: int, elapsed: float) -> bool:
+        """Record that `step` steps are done after `elapsed` seconds of this run; True once the time is up."""
+        if self.seconds is None:
+            return False
+        self._ticks += 1
+        if self.fixed is None:
+            self._marks = (self._marks + [(step, elapsed)])[-(self.window + 1):]
+            if self._ticks >= self.first_fit and (self._ticks == self.first_fit or self._ticks % self.window == 0):
+                (s0, t0), (s1, t1) = self._marks[0], self._marks[-1]
+                pace = max(t1 - t0, 1e-6) / max(1, s1 - s0)
+                self.total = max(step + 1, step + int((self.seconds - elapsed) / pace))
+        return elapsed > self.seconds
+
+    @property
+    def fitted(self) -> bool:
+        return self.fixed is not None or self.total < 10**9

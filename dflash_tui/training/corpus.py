@@ -131,26 +131,36 @@ def mine_file(path: Path, rel: str, max_chars: int, named_per_cent: int = 0) -> 
         request = summary_line(doc) if doc else None
         if request is not None:
             kind = "doc"
-        elif named_per_cent and _keep_named(rel, node.lineno, named_per_cent):
-            kind, request = "named", _named_request(node, owner)
+        elif named_per_cent:
+            kind = "named" if _keep_named(rel, node.lineno, named_per_cent) else "unseen"
+            request = _named_request(node, owner)
         else:
             continue
         reply = _source(lines, node, drop_docstring=doc is not None)
-        if reply is None or len(reply) > max_chars or not reply.isascii() or "\t" in reply:
+        if reply is None or not reply.isascii() or "\t" in reply:
             continue
+        if len(reply) > max_chars:
+            if kind == "named":
+                continue
+            kind = "unseen"  # too long to train the target on, still a fair request
         yield Example(request, reply, f"{rel}:{node.lineno}", kind)
 
 
 def mine(roots: Iterable[Path], max_chars: int = 1500, named_per_cent: int = 0) -> Iterator[Example]:
-    """Every well-formed pair, in file order, de-duplicated on (prompt, response)."""
-    seen: set[bytes] = set()
+    """Every well-formed pair, in file order, de-duplicated on (prompt, response).
+
+    "unseen" examples (requests the target never trains on) are de-duplicated
+    apart, so they never change which training pairs are kept.
+    """
+    seen: dict[bool, set[bytes]] = {True: set(), False: set()}
     for root, f in python_files(roots):
         rel = f.relative_to(root).as_posix()
         for ex in mine_file(f, rel, max_chars, named_per_cent):
             key = hashlib.blake2b((ex.prompt + "\0" + ex.response).encode(), digest_size=16).digest()
-            if key in seen:
+            bucket = seen[ex.kind == "unseen"]
+            if key in bucket:
                 continue
-            seen.add(key)
+            bucket.add(key)
             yield ex
 
 
@@ -168,14 +178,28 @@ def _open(path: Path, mode: str):
 
 def write_corpus(roots: Iterable[Path], out_dir: Path, max_chars: int = 1500, held_out_per_mille: int = 5,
                  named_per_cent: int = 0) -> dict[str, int]:
-    """Write train.jsonl.gz and heldout.jsonl (prompts never trained on); returns counts."""
+    """Write train.jsonl.gz, heldout.jsonl (requests kept out of all training) and unseen.jsonl.gz.
+
+    unseen.jsonl.gz holds requests whose functions the target does not train
+    on: prompts for the draft's regeneration, on which the target has to
+    write something new, as it will for users. Returns counts.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    counts = {"train": 0, "heldout": 0, "named": 0}
+    counts = {"train": 0, "heldout": 0, "named": 0, "unseen": 0}
     held_prompts: set[str] = set()
+    unseen_prompts: set[str] = set()
     train_path, held_path = out_dir / "train.jsonl.gz", out_dir / "heldout.jsonl"
     # mtime=0 keeps the gzip bytes identical from run to run
-    with open(train_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, open(held_path, "w", encoding="utf-8") as held:
+    with open(train_path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, \
+            open(out_dir / "unseen.jsonl.gz", "wb") as raw_u, gzip.GzipFile(fileobj=raw_u, mode="wb", mtime=0) as unseen, \
+            open(held_path, "w", encoding="utf-8") as held:
         for ex in mine(roots, max_chars, named_per_cent):
+            if ex.kind == "unseen":
+                if not is_held_out(Example(ex.prompt, "", ex.source), held_out_per_mille) and ex.prompt not in unseen_prompts:
+                    unseen_prompts.add(ex.prompt)
+                    unseen.write((json.dumps({"prompt": ex.prompt, "source": ex.source}) + "\n").encode("utf-8"))
+                    counts["unseen"] += 1
+                continue
             if is_held_out(ex, held_out_per_mille):
                 if ex.prompt not in held_prompts:
                     held_prompts.add(ex.prompt)

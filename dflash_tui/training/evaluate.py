@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from dflash_tui.engine.draft import DFlashDraft
 from dflash_tui.engine.target import Target
@@ -39,3 +39,33 @@ def summary(rows: Sequence[dict]) -> dict[str, float]:
     cycles = sum(r["cycles"] for r in rows)
     pooled = sum(r["tokens_per_cycle"] * r["cycles"] for r in rows) / cycles if cycles else 0.0
     return {"mean_tokens_per_cycle": sum(r["tokens_per_cycle"] for r in rows) / len(rows), "pooled_tokens_per_cycle": pooled}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """python -m dflash_tui.training.evaluate --target T --draft D --prompts heldout.jsonl [-n 8]"""
+    import argparse
+    import json
+
+    from dflash_tui.engine.loading import load_pair
+    from dflash_tui.training.trainer import prompt_ids, read_prompts
+
+    p = argparse.ArgumentParser(description="Greedy tokens per cycle of a target/draft pair on held-out prompts.")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompts", required=True, help="JSONL with a \"prompt\" (or \"messages\") per line")
+    p.add_argument("-n", type=int, default=8, help="how many prompts, from the top of the file")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=16)
+    args = p.parse_args(argv)
+    pair = load_pair(args.target, args.draft)
+    convs = read_prompts(args.prompts)[: args.n]
+    rows = tokens_per_cycle(pair.target, pair.draft, [prompt_ids(pair.target.tokenizer, m) for m in convs],
+                            max_tokens=args.max_tokens, block_size=args.block_size)
+    for m, r in zip(convs, rows):
+        print(f"{r['tokens_per_cycle']:5.2f} tokens/cycle  {r['tokens']:4d} tokens  {m[-1]['content'][:70]}")
+    print(json.dumps(summary(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

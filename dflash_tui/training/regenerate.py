@@ -18,7 +18,12 @@ from dflash_tui.engine.target import Target
 from dflash_tui.training.common import Progress
 
 
-def _generate_batch(target: Target, prompts: np.ndarray, max_new: int, eos: set[int]) -> list[list[int]]:
+def _generate_batch(target: Target, prompts: np.ndarray, max_new: int, eos: set[int], finish: float = 1.0) -> list[list[int]]:
+    """Greedy continuations of same-length prompts; stops once a `finish` share of rows has ended.
+
+    Rows still running then are cut short (no stop token): a long straggler
+    would otherwise hold the whole batch to `max_new` steps.
+    """
     cache = target.make_cache()
     logits = target.model(mx.array(prompts), cache=cache)
     token = mx.argmax(logits[:, -1], axis=-1)
@@ -26,7 +31,7 @@ def _generate_batch(target: Target, prompts: np.ndarray, max_new: int, eos: set[
     for i in range(1, max_new):
         if i % 16 == 0:
             done = np.isin(np.stack([np.asarray(t) for t in out], axis=1), list(eos)).any(axis=1)
-            if done.all():
+            if done.mean() >= finish:
                 break
         logits = target.model(token[:, None], cache=cache)
         token = mx.argmax(logits[:, -1], axis=-1)
@@ -41,7 +46,7 @@ def _generate_batch(target: Target, prompts: np.ndarray, max_new: int, eos: set[
 
 
 def regenerate(target: Target, prompts: Sequence[list[int]], max_new: int, eos_ids: set[int], batch_size: int = 256,
-               seconds: Optional[float] = None) -> list[Optional[list[int]]]:
+               seconds: Optional[float] = None, finish: float = 1.0) -> list[Optional[list[int]]]:
     """Greedy responses (ending in an EOS id when one came); None for prompts the time budget left out."""
     groups: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
@@ -56,7 +61,7 @@ def regenerate(target: Target, prompts: Sequence[list[int]], max_new: int, eos_i
         if seconds is not None and time.perf_counter() - start > seconds:
             break
         batch = np.asarray([prompts[i] for i in idx], dtype=np.int32)
-        for i, resp in zip(idx, _generate_batch(target, batch, max_new, eos_ids)):
+        for i, resp in zip(idx, _generate_batch(target, batch, max_new, eos_ids, finish)):
             results[i] = resp
         done += len(idx)
         progress.update(done, prompts_per_s=done / (time.perf_counter() - start))

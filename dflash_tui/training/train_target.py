@@ -22,7 +22,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from dflash_tui.random_pair import build_model, qwen3_config
-from dflash_tui.training.common import Progress, compiled_or_plain, log, lr_at, save_sharded
+from dflash_tui.training.common import Progress, StepBudget, compiled_or_plain, log, lr_at, save_sharded
 from dflash_tui.training.tokenizer import TOKENIZER_FILES, render_chat
 
 
@@ -109,39 +109,34 @@ def train_target(model: nn.Module, train: Sequence[np.ndarray], valid: Sequence[
     step = step_fn
     if compile:
         step = compiled_or_plain(partial(mx.compile, inputs=state, outputs=state)(step_fn), step_fn, "target")
-    total = steps or 10**9
-    progress = Progress("target", total)
+    budget = StepBudget(seconds, steps)
+    progress = Progress("target", budget.total)
     data = batches(train, batch, seq_len, seed)
     start = time.perf_counter()
-    timed_from, losses = None, []
+    losses: list[mx.array] = []
     i = 0
-    while i < total:
-        optimizer.learning_rate = lr_at(i, total, lr, warmup)
+    while i < budget.total:
+        optimizer.learning_rate = lr_at(i, budget.total, lr, warmup)
         rows = mx.array(next(data))
         loss, norm = step(rows[:, :-1], rows[:, 1:])
         mx.eval(loss, norm, state)
-        losses.append(loss)
+        losses = (losses + [loss])[-50:]
         i += 1
-        elapsed = time.perf_counter() - start
-        if seconds is not None:
-            if i == 5:
-                timed_from = (i, elapsed)  # the first steps pay for compiling
-            elif timed_from is not None and i == timed_from[0] + 20 and steps is None:
-                pace = (elapsed - timed_from[1]) / 20
-                total = i + max(1, int((seconds - elapsed) / pace))
-                progress.total = total
-                log(f"[target] {pace * 1e3:.1f} ms/step, {batch * seq_len / pace:,.0f} tok/s -> {total} steps")
-            if elapsed > seconds:
-                break
-        if i % 50 == 0 or i == total:
-            progress.update(i, loss=float(np.mean([l.item() for l in losses[-50:]])), lr=optimizer.learning_rate.item())
-    progress.update(i, force=True, loss=float(np.mean([l.item() for l in losses[-50:]])))
+        was_fitted = budget.fitted
+        if budget.tick(i, time.perf_counter() - start):
+            break
+        progress.total = budget.total
+        if budget.fitted and not was_fitted:
+            log(f"[target] {batch * seq_len * i / (time.perf_counter() - start):,.0f} tok/s so far -> {budget.total} steps")
+        if i % 50 == 0 or i == budget.total:
+            progress.update(i, loss=float(np.mean([l.item() for l in losses])), lr=optimizer.learning_rate.item())
+    progress.update(i, force=True, loss=float(np.mean([l.item() for l in losses])))
     progress.close()
     metrics = {
         "steps": i,
         "seconds": time.perf_counter() - start,
         "tokens": i * batch * seq_len,
-        "train_loss": float(np.mean([l.item() for l in losses[-50:]])),
+        "train_loss": float(np.mean([l.item() for l in losses])),
         "valid_loss": evaluate_loss(model, valid, seq_len),
     }
     log(f"[target] done: {json.dumps(metrics)}")

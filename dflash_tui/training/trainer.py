@@ -29,7 +29,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from dflash_tui.engine.draft import DFlashDraft, DraftConfig, load_draft, save_draft
 from dflash_tui.engine.target import Target
 from dflash_tui.errors import UserError
-from dflash_tui.training.common import Progress, compiled_or_plain, log, lr_at
+from dflash_tui.training.common import Progress, StepBudget, compiled_or_plain, log, lr_at
 from dflash_tui.training.draft_forward import block_loss
 from dflash_tui.training.regenerate import regenerate
 
@@ -54,6 +54,7 @@ class TrainConfig:
     max_new_tokens: int = 384
     regen_batch: int = 256
     regen_seconds: Optional[float] = None
+    regen_finish: float = 1.0  # a batch stops once this share of its rows has ended
     gamma: Optional[float] = None
     checkpoint_every: int = 500
     seed: int = 0
@@ -210,7 +211,8 @@ def build_sequences(target: Target, prompts: Sequence[list[int]], cfg: TrainConf
     if len(keep) < len(prompts):
         log(f"[data] {len(prompts) - len(keep)} prompts longer than --seq-len left out")
     max_new = max(2, min(cfg.max_new_tokens, cfg.seq_len - min((len(p) for p in keep), default=0)))
-    responses = regenerate(target, keep, max_new, eos, batch_size=cfg.regen_batch, seconds=cfg.regen_seconds)
+    responses = regenerate(target, keep, max_new, eos, batch_size=cfg.regen_batch, seconds=cfg.regen_seconds,
+                           finish=cfg.regen_finish)
     tokens, lens = [], []
     for p, r in zip(keep, responses):
         if r is None:
@@ -299,21 +301,21 @@ def train_steps(target: Target, draft: DFlashDraft, data: Sequences, cfg: TrainC
     optimizer = optim.AdamW(learning_rate=cfg.lr, betas=[0.9, 0.95], weight_decay=cfg.weight_decay)
     optimizer.init(draft.trainable_parameters())
     per_epoch = batches_per_epoch(data, cfg)
+    fixed: Optional[int] = None
     if cfg.steps is not None:
-        total = cfg.steps
+        fixed = cfg.steps
     elif cfg.epochs is not None:
-        total = max(1, math.ceil(cfg.epochs * per_epoch))
-    elif cfg.seconds is not None:
-        total = 10**9  # fitted to the measured pace below
-    else:
-        total = 2 * per_epoch
+        fixed = max(1, math.ceil(cfg.epochs * per_epoch))
+    elif cfg.seconds is None:
+        fixed = 2 * per_epoch
     step = 0
     if resume:
         state = load_state(out_dir, draft, optimizer)
         step = int(state["step"])
-        if cfg.steps is None and cfg.epochs is None:
-            total = int(state["total"])
-        log(f"[draft] resuming at step {step}/{total}")
+        if fixed is None or (cfg.steps is None and cfg.epochs is None):
+            fixed = int(state["total"])
+        log(f"[draft] resuming at step {step}/{fixed}")
+    budget = StepBudget(cfg.seconds, fixed)
     bs, gamma = cfg.block_size, cfg.decay
 
     def loss_fn(model, tokens, feats, anchors, lengths):
@@ -339,16 +341,16 @@ def train_steps(target: Target, draft: DFlashDraft, data: Sequences, cfg: TrainC
 
     def run(tokens, anchors, lengths):
         return update(tokens, mx.stop_gradient(features(tokens)), anchors, lengths)
-    warmup = max(1, int(cfg.warmup_fraction * (total if total < 10**9 else 2000)))
-    progress = Progress("draft", total)
+    warmup = max(1, int(cfg.warmup_fraction * (budget.total if budget.fitted else 2000)))
+    progress = Progress("draft", budget.total)
     stream = batch_stream(data, cfg, skip=step)
     start = time.perf_counter()
-    first_step, timed_from = step, None
+    first_step = step
     recent_loss: list[mx.array] = []
     recent_stats: list[mx.array] = []
     first_losses: list[float] = []
-    while step < total:
-        optimizer.learning_rate = lr_at(step, total, cfg.lr, warmup)
+    while step < budget.total:
+        optimizer.learning_rate = lr_at(step, budget.total, cfg.lr, warmup)
         tokens, anchors, lengths = next(stream)
         loss, stats, norm = run(mx.array(tokens), mx.array(anchors), mx.array(lengths))
         mx.eval(loss, stats, mstate)
@@ -356,27 +358,22 @@ def train_steps(target: Target, draft: DFlashDraft, data: Sequences, cfg: TrainC
         if len(first_losses) < 5:
             first_losses.append(loss.item())
         step += 1
-        elapsed = time.perf_counter() - start
-        if cfg.seconds is not None:
-            if step - first_step == 5:
-                timed_from = (step, elapsed)
-            elif timed_from is not None and step == timed_from[0] + 20 and cfg.steps is None and cfg.epochs is None:
-                pace = (elapsed - timed_from[1]) / 20
-                total = step + max(1, int((cfg.seconds - elapsed) / pace))
-                warmup = max(1, int(cfg.warmup_fraction * total))
-                progress.total = total
-                log(f"[draft] {pace * 1e3:.1f} ms/step -> {total} steps")
-            if elapsed > cfg.seconds:
-                break
-        if step % 25 == 0 or step == total:
+        was_fitted = budget.fitted
+        if budget.tick(step, time.perf_counter() - start):
+            break
+        if budget.fitted and not was_fitted:
+            warmup = max(1, int(cfg.warmup_fraction * budget.total))
+            log(f"[draft] {(time.perf_counter() - start) / (step - first_step) * 1e3:.1f} ms/step so far -> {budget.total} steps")
+        progress.total = budget.total
+        if step % 25 == 0 or step == budget.total:
             s = np.mean([x.tolist() for x in recent_stats], axis=0)
             progress.update(step, loss=float(np.mean([x.item() for x in recent_loss])), acc1=float(s[0]),
                             est_tpc=1 + float(s[-1]), lr=optimizer.learning_rate.item())
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
-            save_state(out_dir, draft, optimizer, step, total, cfg)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < budget.total:
+            save_state(out_dir, draft, optimizer, step, budget.total, cfg)
     progress.close()
     s = np.mean([x.tolist() for x in recent_stats], axis=0) if recent_stats else np.zeros(bs)
-    save_state(out_dir, draft, optimizer, step, total, cfg)
+    save_state(out_dir, draft, optimizer, step, budget.total, cfg)
     metrics = {
         "steps": step,
         "seconds": time.perf_counter() - start,
