@@ -47,40 +47,9 @@ for i in range(10): print(i, i * i, {"key": [1, 2, 3]})
 
 def build_tokenizer(out_dir: Path, vocab_size: int = 384, text: Optional[str] = None) -> dict[str, int]:
     """Train a byte-level BPE tokenizer with ChatML special tokens; returns their ids."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from dflash_tui.training.tokenizer import train_tokenizer  # the demo target's own recipe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = (text or _SAMPLE_TEXT).splitlines(keepends=True)
-    tok.train_from_iterator(corpus * 4, trainer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-        "chat_template": CHAT_TEMPLATE,
-        "model_max_length": 32768,
-        "added_tokens_decoder": {
-            str(i): {"content": t, "special": True, "lstrip": False, "rstrip": False, "normalized": False, "single_word": False}
-            for t, i in ids.items()
-        },
-    }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}, indent=2)
-    )
-    return ids
+    return train_tokenizer((text or _SAMPLE_TEXT).splitlines(keepends=True) * 4, out_dir, vocab_size=vocab_size)
 
 
 def qwen3_config(vocab_size: int, hidden: int = 64, layers: int = 4, heads: int = 4, kv_heads: int = 2,

@@ -19,6 +19,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from dflash_tui.engine.checkpoint import SHARD_BYTES, save_sharded
 from dflash_tui.errors import UserError
 
 
@@ -296,26 +297,10 @@ def load_draft(path_or_repo: str, dtype: mx.Dtype = mx.bfloat16) -> DFlashDraft:
     return model
 
 
-def save_draft(model: DFlashDraft, out_dir: str | Path, dtype: mx.Dtype = mx.bfloat16, shard_bytes: int = 15 * 2**20) -> Path:
+def save_draft(model: DFlashDraft, out_dir: str | Path, dtype: mx.Dtype = mx.bfloat16, shard_bytes: int = SHARD_BYTES) -> Path:
     """Write a z-lab-format checkpoint: config.json + (sharded) model.safetensors."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    items = [(k, v.astype(dtype)) for k, v in tree_flatten(model.parameters())]
-    shards: list[dict[str, mx.array]] = [{}]
-    size = 0
-    for k, v in items:
-        if size and size + v.nbytes > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][k] = v
-        size += v.nbytes
-    for old in out.glob("*.safetensors"):
-        old.unlink()
-    if len(shards) == 1:
-        mx.save_safetensors(str(out / "model.safetensors"), shards[0], metadata={"format": "mlx"})
-    else:
-        for i, shard in enumerate(shards):
-            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            mx.save_safetensors(str(out / name), shard, metadata={"format": "mlx"})
+    save_sharded({k: v.astype(dtype) for k, v in tree_flatten(model.parameters())}, out, shard_bytes)
     return out

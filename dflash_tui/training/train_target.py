@@ -22,7 +22,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from dflash_tui.random_pair import build_model, qwen3_config
-from dflash_tui.training.common import Progress, StepBudget, compiled_or_plain, log, lr_at, save_sharded
+from dflash_tui.engine.checkpoint import save_sharded
+from dflash_tui.training.common import Progress, StepBudget, compiled_or_plain, log, lr_at
 from dflash_tui.training.tokenizer import TOKENIZER_FILES, render_chat
 
 
