@@ -196,7 +196,13 @@ async def feed_trace(app, pilot, trace: dict, batch: int = 6) -> None:
     await pilot.pause()
     while app.generating:
         await pilot.pause(0.05)
-    # let the final Markdown update, the footer and the rows' scroll settle, however busy the machine is
-    for _ in range(4):
+    # let the final Markdown update, the footer and the rows' scroll settle, however busy the
+    # machine is: wait until two pictures in a row are the same
+    last = None
+    for _ in range(40):
         await pilot.wait_for_scheduled_animations()
         await pilot.pause(0.1)
+        now = app.export_screenshot()
+        if now == last:
+            break
+        last = now
