@@ -232,8 +232,12 @@ class AcceptanceRows(ScrollView):
         super().watch_scroll_y(old_value, new_value)
         if new_value >= self.max_scroll_y:
             self._follow = True  # back at the newest row (or clamped there)
-        elif new_value < old_value:
-            self._follow = False  # the user scrolled up: stay put
+        elif new_value < old_value and old_value <= self.max_scroll_y:
+            self._follow = False  # the user scrolled up: stay put (a clamp after a resize is not the user)
+
+    def on_resize(self) -> None:
+        if self._follow:
+            self.scroll_end(animate=False, x_axis=False)
 
     def on_mount(self) -> None:
         self._relayout()
