@@ -98,6 +98,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--eval-max-tokens", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, help="seconds for the whole build; the final evaluation is skipped near it")
+    p.add_argument("--regen-only", action="store_true",
+                   help="stop after regenerating the draft's data (saved as WORK/sequences.npz)")
+    p.add_argument("--sequences", type=Path, help="train the draft on this saved regeneration instead of regenerating")
     p.add_argument("--no-compile", action="store_true")
     return p.parse_args(argv)
 
@@ -170,7 +173,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # 4. draft
     from dflash_tui.engine.draft import save_draft  # noqa: F401  (the format the trainer writes)
     from dflash_tui.engine.loading import load_target
-    from dflash_tui.training.trainer import TrainConfig, train_draft
+    from dflash_tui.training.trainer import Sequences, TrainConfig, build_sequences, prompt_ids, train_draft
 
     target = load_target(str(args.target_out))
     prompts = draft_prompts(train_ex, corpus / "unseen.jsonl.gz", args.regen_prompts, args.unseen_share, args.seed)
@@ -181,10 +184,20 @@ def main(argv: Optional[list[str]] = None) -> int:
                       max_new_tokens=args.max_new_tokens, regen_batch=args.regen_batch, regen_finish=args.regen_finish,
                       regen_seconds=args.regen_seconds, seed=args.seed, eval_max_tokens=args.eval_max_tokens,
                       checkpoint_every=0, compile=not args.no_compile)
+    data = Sequences.load(args.sequences) if args.sequences else None
+    if args.regen_only:
+        tic = time.perf_counter()
+        data = build_sequences(target, [prompt_ids(target.tokenizer, m) for m in prompts], cfg)
+        n_tok = int(sum(len(t) for t in data.tokens))
+        metrics["regeneration"] = {"sequences": len(data.tokens), "tokens": n_tok, "seconds": time.perf_counter() - tic}
+        data.save(work / "sequences.npz")
+        log(f"[data] {len(data.tokens)} sequences, {n_tok:,} tokens -> {work / 'sequences.npz'}")
+        save_metrics()
+        return 0
     run_dir = work / "draft_run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    dm = train_draft(target, prompts, run_dir, cfg)
+    dm = train_draft(target, prompts, run_dir, cfg, data=data)
     metrics["draft"] = {"config": {k: v for k, v in asdict(cfg).items() if k != "extra"}, **dm["train"]}
     args.draft_out.mkdir(parents=True, exist_ok=True)
     for old in args.draft_out.glob("*.safetensors"):

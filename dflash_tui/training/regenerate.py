@@ -56,15 +56,17 @@ def regenerate(target: Target, prompts: Sequence[list[int]], max_new: int, eos_i
     work.sort(key=lambda w: (-len(w[1]), w[0]))
     results: list[Optional[list[int]]] = [None] * len(prompts)
     progress = Progress("regenerate", len(prompts))
-    start, done = time.perf_counter(), 0
+    start, done, tokens = time.perf_counter(), 0, 0
     for n, idx in work:
         if seconds is not None and time.perf_counter() - start > seconds:
             break
         batch = np.asarray([prompts[i] for i in idx], dtype=np.int32)
         for i, resp in zip(idx, _generate_batch(target, batch, max_new, eos_ids, finish)):
             results[i] = resp
+            tokens += len(resp)
         done += len(idx)
-        progress.update(done, prompts_per_s=done / (time.perf_counter() - start))
+        elapsed = time.perf_counter() - start
+        progress.update(done, prompts_per_s=done / elapsed, tokens_per_s=tokens / elapsed)
     progress.update(done, force=True)
     progress.close()
     return results

@@ -388,8 +388,9 @@ def train_steps(target: Target, draft: DFlashDraft, data: Sequences, cfg: TrainC
 
 
 def train_draft(target: Target, prompts: Sequence[list[dict[str, str]]], out_dir: Path, cfg: TrainConfig,
-                eval_prompts: Sequence[list[dict[str, str]]] = (), resume: bool = False) -> dict[str, Any]:
-    """The whole recipe: regenerate (or reuse the saved regeneration), train, save, evaluate."""
+                eval_prompts: Sequence[list[dict[str, str]]] = (), resume: bool = False,
+                data: Optional[Sequences] = None) -> dict[str, Any]:
+    """The whole recipe: regenerate (or reuse `data` / the saved regeneration), train, save, evaluate."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / STATE_DIR).mkdir(exist_ok=True)
@@ -407,10 +408,13 @@ def train_draft(target: Target, prompts: Sequence[list[dict[str, str]]], out_dir
         copied = init_draft(draft, target, cfg.init, cfg.seed)
         log(f"[draft] {dcfg.num_hidden_layers} layers, target layers {dcfg.target_layer_ids}, block {dcfg.block_size}, "
             f"{sum(v.size for _, v in tree_flatten(draft.parameters())) / 1e6:.2f}M params, {copied} tensors from the target")
-        tic = time.perf_counter()
-        data = build_sequences(target, [prompt_ids(target.tokenizer, m) for m in prompts], cfg)
-        log(f"[data] {len(data.tokens)} sequences, {sum(len(t) for t in data.tokens)} tokens, "
-            f"regenerated in {time.perf_counter() - tic:.1f}s")
+        if data is None:
+            tic = time.perf_counter()
+            data = build_sequences(target, [prompt_ids(target.tokenizer, m) for m in prompts], cfg)
+            log(f"[data] {len(data.tokens)} sequences, {sum(len(t) for t in data.tokens)} tokens, "
+                f"regenerated in {time.perf_counter() - tic:.1f}s")
+        else:
+            log(f"[data] reusing {len(data.tokens)} regenerated sequences, {sum(len(t) for t in data.tokens)} tokens")
         data.save(data_file)
         dcfg_file.write_text(json.dumps(dcfg.to_dict(), indent=2))
     metrics = {"train": train_steps(target, draft, data, cfg, out_dir, resume=resume)}
