@@ -201,8 +201,8 @@ class Sequences:
     @classmethod
     def load(cls, path: Path) -> "Sequences":
         z = np.load(path)
-        off = z["offsets"]
-        return cls([z["flat"][off[i] : off[i + 1]] for i in range(len(off) - 1)], z["prompt_lens"].tolist())
+        flat, off = z["flat"], z["offsets"]  # each z[...] decompresses anew: read once
+        return cls([flat[off[i] : off[i + 1]] for i in range(len(off) - 1)], z["prompt_lens"].tolist())
 
 
 def build_sequences(target: Target, prompts: Sequence[list[int]], cfg: TrainConfig) -> Sequences:
