@@ -13,40 +13,45 @@ from typing import Any, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from dflash_tui.engine.draft import plain_attention, plain_attention_pays
+from dflash_tui.engine.draft import ATTENTION_MODES, BucketKVCache, default_attention_mode, multi_query_attention
 
 _capturing_classes: dict[type, type] = {}
-_plain_sdpa_classes: dict[type, type] = {}
+_sdpa_classes: dict[tuple[type, str], Optional[type]] = {}
 
 
-def _verify_sdpa(original):
-    """mlx-lm's `scaled_dot_product_attention`, with multi-query causal calls done as plain matmuls."""
+def _verify_sdpa(original, mode: str):
+    """mlx-lm's `scaled_dot_product_attention`, with multi-query causal calls run in `mode`."""
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") or not (mask is None or mask == "causal"):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        return plain_attention(queries, keys, values, scale, causal=mask == "causal")
+        out = multi_query_attention(mode, queries, keys, values, cache, scale, causal=mask == "causal")
+        if out is None:
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        return out
 
     return sdpa
 
 
-def _plain_sdpa_class(cls: type) -> Optional[type]:
+def _sdpa_class(cls: type, mode: str) -> Optional[type]:
     """A subclass of an attention class whose __call__ runs mlx-lm's own code with only
     `scaled_dot_product_attention` swapped, or None if the class does not call it."""
-    if cls not in _plain_sdpa_classes:
+    key = (cls, mode)
+    if key not in _sdpa_classes:
         fn = cls.__call__
         g = getattr(fn, "__globals__", {})
         if "scaled_dot_product_attention" not in g or "scaled_dot_product_attention" not in fn.__code__.co_names:
-            _plain_sdpa_classes[cls] = None
+            _sdpa_classes[key] = None
         else:
             import types
 
-            patched = dict(g, scaled_dot_product_attention=_verify_sdpa(g["scaled_dot_product_attention"]))
+            patched = dict(g, scaled_dot_product_attention=_verify_sdpa(g["scaled_dot_product_attention"], mode))
             call = types.FunctionType(fn.__code__, patched, fn.__name__, fn.__defaults__, fn.__closure__)
-            _plain_sdpa_classes[cls] = type(f"PlainSDPA{cls.__name__}", (cls,), {"__call__": call})
-    return _plain_sdpa_classes[cls]
+            prefix = "PlainSDPA" if mode == "plain" else f"{mode.title().replace('-', '')}SDPA"
+            _sdpa_classes[key] = type(f"{prefix}{cls.__name__}", (cls,), {"__call__": call, "_dflash_base": cls})
+    return _sdpa_classes[key]
 
 
 def _capturing_class(cls: type) -> type:
@@ -76,20 +81,34 @@ class Target:
         self.args = self.lm.args
         self.layers = list(self.backbone.layers)
         self.capture_ids: list[int] = []
-        if plain_attention_pays():
-            self.use_plain_attention()
+        self.attention_mode = "fused"
+        mode = default_attention_mode()
+        if mode != "fused":
+            self.use_attention(mode)
 
-    def use_plain_attention(self) -> int:
-        """Route this model's multi-query attention through plain matmuls (per instance);
-        returns how many attention modules were switched."""
+    def use_attention(self, mode: str) -> int:
+        """Run this model's multi-query attention in `mode` (one of ATTENTION_MODES; per
+        instance, single-token steps keep the fused kernel); returns how many attention
+        modules now run it. Caches made before keep working, but only caches made after a
+        switch to a bucketed mode keep their shapes fixed within a bucket."""
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"unknown attention mode {mode!r}")
         n = 0
         for layer in self.layers:
             attn = getattr(layer, "self_attn", None)
-            cls = _plain_sdpa_class(type(attn)) if attn is not None else None
-            if cls is not None and type(attn) is not cls:
+            if attn is None:
+                continue
+            base = getattr(type(attn), "_dflash_base", type(attn))
+            cls = base if mode == "fused" else _sdpa_class(base, mode)
+            if cls is not None:
                 attn.__class__ = cls
-                n += 1
+                n += cls is not base
+        self.attention_mode = mode
         return n
+
+    def use_plain_attention(self) -> int:
+        """Route this model's multi-query attention through plain matmuls (per instance)."""
+        return self.use_attention("plain")
 
     # -- shape facts -------------------------------------------------------
     @property
@@ -158,7 +177,11 @@ class Target:
         return self.head(h), feats
 
     def make_cache(self) -> list[Any]:
-        return make_prompt_cache(self.model)
+        cache = make_prompt_cache(self.model)
+        if self.attention_mode.startswith("bucketed"):
+            # the model's empty KVCaches, replaced by ones whose buffers grow a bucket at a time
+            cache = [BucketKVCache() if type(c) is KVCache else c for c in cache]
+        return cache
 
     # -- rollback ----------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
