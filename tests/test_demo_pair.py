@@ -13,14 +13,19 @@ from conftest import reference_tokens
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done
 
-# requests held out of both the target's and the draft's training data
+# the first eight requests of the corpus's held-out split, in file order (held out of both the
+# target's and the draft's training data; not picked for how well they draft)
 PROMPTS = [
+    "Return True if the operand is a qNaN or sNaN; otherwise return False.",
     "Wait until a predicate becomes true.",
     "Decode bytes using the URL- and filesystem-safe Base64 alphabet.",
+    "Returns a dialect (or None) corresponding to the sample",
+    "Removes the patch.",
     "Set the charset of the payload to a given character set.",
-    "Return True if the operand is a qNaN or sNaN; otherwise return False.",
+    "Generates forward and reverse operators given a purely-rational operator and a function from the operator module.",
+    "Return True if Tcl accepts the new keys else show message.",
 ]
-MAX_TOKENS = 96
+MAX_TOKENS = 200
 
 
 def _bundled() -> bool:
@@ -82,5 +87,5 @@ def test_demo_pair_accepts_and_is_exact(demo_pair):
 @needs_pair
 def test_demo_target_writes_python(demo_pair):
     conv = Conversation(demo_pair)
-    done = list(conv.generate(PROMPTS[0], GenerationSettings(max_tokens=160)))[-1]
+    done = list(conv.generate(PROMPTS[1], GenerationSettings(max_tokens=160)))[-1]
     assert done.text.lstrip().startswith(("def ", "async def ", "@")), done.text
