@@ -189,3 +189,17 @@ def test_the_real_draft_proposes_the_same_tokens_in_every_mode(qwen3_dirs, mode,
         runs[m] = [e.drafted for e in events if isinstance(e, Block)]
     assert sum(len(d) for d in runs["fused"]) > 60
     assert runs[mode] == runs["fused"]
+
+
+def test_verify_shapes_benchmark_runs_on_the_tiny_shape(capsys):
+    import json
+
+    from dflash_tui.bench import verify_shapes
+
+    assert verify_shapes.main(["--shape", "tiny-hybrid", "--reps", "3", "--steps", "4", "--cycles", "6",
+                               "--widths", "2", "--modes", "fused", "bucketed", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["mode"] for r in report["rows"]] == ["fused", "bucketed"]
+    for r in report["rows"]:
+        assert r["fixed_ms"] > 0 and r["growing_ms"] > 0 and r["cycle_steps"] > 0
+        assert set(r["widths_ms"]) == {"2", "16"}  # JSON keys

@@ -9,6 +9,7 @@ decoding (every verify sees a new cache length).
 
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --block-size 16
     python -m dflash_tui.bench.cycle_cost --shape tiny        # CPU smoke run
+    python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --verify bucketed   # one attention mode
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import mlx.core as mx
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
-from dflash_tui.engine.draft import DFlashDraft
+from dflash_tui.engine.draft import ATTENTION_MODES, DFlashDraft
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
 from dflash_tui.engine.state import DecodeState
 from dflash_tui.engine.target import Target
@@ -110,10 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=128, help="prompt length in tokens")
     p.add_argument("--tokens", type=int, default=96, help="tokens to decode per measurement")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--verify", choices=ATTENTION_MODES, default=None,
+                   help="attention mode for draft and verify (default: the engine's own choice)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     target, draft = build(args.shape, args.draft_layers, getattr(mx, args.dtype))
-    info = {"device": str(mx.default_device()), "shape": args.shape, "mlx": mx.__version__}
+    if args.verify:
+        target.use_attention(args.verify)
+        draft.set_attention_mode(args.verify)
+    info = {"device": str(mx.default_device()), "shape": args.shape, "mlx": mx.__version__,
+            "attention": target.attention_mode}
     try:
         info["device_name"] = mx.device_info().get("device_name")
     except Exception:
