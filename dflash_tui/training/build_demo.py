@@ -9,7 +9,10 @@
 4. draft: the DFlash trainer against that target (`trainer.py`);
 5. tokens per cycle on held-out requests.
 Given the same corpus and step counts, every stage is seeded and repeatable;
-with time budgets the step counts follow the machine's pace.
+with time budgets the step counts follow the machine's pace. The defaults are
+the budgets the bundled pair was built with on one H200; there it ran as two
+calls, `--regen-only` (target + regeneration) then `--skip-target --sequences
+WORK/sequences.npz` (draft + evaluation).
 """
 
 from __future__ import annotations
@@ -78,19 +81,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--target-batch", type=int, default=32)
     p.add_argument("--target-lr", type=float, default=1e-3)
     p.add_argument("--target-steps", type=int)
-    p.add_argument("--target-seconds", type=float, default=270.0)
+    p.add_argument("--target-seconds", type=float, default=240.0)
     p.add_argument("--skip-target", action="store_true", help="reuse the target already in --target-out")
     p.add_argument("--draft-layers", type=int, default=3)
     p.add_argument("--target-layers", type=int, nargs="+", help="target layer ids to capture (default: the trainer's)")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--draft-batch", type=int, default=32)
+    p.add_argument("--draft-batch", type=int, default=64)
     p.add_argument("--anchors", type=int, default=32)
-    p.add_argument("--draft-lr", type=float, default=6e-4)
+    p.add_argument("--draft-lr", type=float, default=1e-3)
     p.add_argument("--draft-steps", type=int)
-    p.add_argument("--draft-seconds", type=float, default=150.0)
-    p.add_argument("--regen-prompts", type=int, default=60000)
-    p.add_argument("--regen-seconds", type=float, default=60.0)
-    p.add_argument("--regen-batch", type=int, default=1024)
+    p.add_argument("--draft-seconds", type=float, default=340.0)
+    p.add_argument("--regen-prompts", type=int, default=200000)
+    p.add_argument("--regen-seconds", type=float, default=160.0)
+    p.add_argument("--regen-batch", type=int, default=4096)
     p.add_argument("--regen-finish", type=float, default=0.9, help="a regeneration batch stops once this share of rows ended")
     p.add_argument("--unseen-share", type=float, default=0.5, help="share of draft prompts the target never trained on")
     p.add_argument("--max-new-tokens", type=int, default=384)
