@@ -112,7 +112,7 @@ ATTENTION_MODES = ("fused", "plain", "folded", "bucketed", "bucketed-compiled")
 # What MLX CUDA runs for multi-query attention (draft and verify) unless DFLASH_TUI_VERIFY
 # says otherwise; the one line to change once a device benchmark shows a better mode.
 CUDA_ATTENTION = "plain"
-# Bucketed attention attends over the KV buffer rounded up to this many slots (a power of two).
+# Bucketed attention attends over the KV buffer rounded up to a multiple of this many slots.
 BUCKET = int(os.environ.get("DFLASH_TUI_BUCKET", "256"))
 
 
@@ -207,7 +207,7 @@ class BucketKVCache(KVCache):
     def __init__(self, bucket: Optional[int] = None):
         super().__init__()
         self.bucket = bucket or BUCKET
-        self.step = max(KVCache.step, self.bucket)
+        self.step = self.bucket * -(-KVCache.step // self.bucket)  # a multiple of the bucket, >= mlx-lm's 256
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         prev, n = self.offset, keys.shape[2]
