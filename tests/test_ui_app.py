@@ -181,6 +181,28 @@ async def test_escape_stops_within_one_cycle_and_keeps_the_text(qwen3_dirs, engi
         assert app.engine.conversation.messages[-1] == {"role": "assistant", "content": done.text}
 
 
+async def test_quitting_mid_reply_ends_the_engine_thread_cleanly(qwen3_dirs, engine_events, monkeypatch):
+    import mlx.core as mx
+
+    cleared = []
+    original_clear = mx.clear_streams
+    monkeypatch.setattr(mx, "clear_streams", lambda: (cleared.append(threading.get_ident()), original_clear())[1])
+    app = make_app(qwen3_dirs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "/max-tokens 100000")
+        await send(pilot, app, "tell me everything")
+        await wait_for(pilot, lambda: engine_events and len(engine_events[0]) > 5, what="some blocks")
+        assert app.generating
+    # the app has exited: the engine thread stopped the reply, dropped the models and freed its
+    # MLX streams itself, rather than leaving them to interpreter teardown
+    assert app.engine.finished
+    assert cleared == [app.engine.thread_id]
+    assert app.engine.pair is None and app.engine.conversation is None
+    done = engine_events[0][-1]
+    assert done.type == "done" and done.finish_reason == "cancelled"
+
+
 async def test_slash_commands_change_the_settings_the_engine_gets(qwen3_dirs, engine_events):
     app = make_app(qwen3_dirs)
     async with app.run_test(size=SIZE) as pilot:

@@ -59,6 +59,15 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
     return rates
 
 
+def _release_main_thread() -> None:
+    """The headless runs used MLX on this thread: free it here, not in interpreter teardown (which can abort)."""
+    import mlx.core as mx
+
+    headless.pair = None
+    mx.synchronize()
+    mx.clear_streams()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(p)
@@ -77,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     headless(model, draft, args.prompt, 16, block)  # warm-up
     tui = asyncio.run(in_tui(model, draft, args.prompt, args.max_tokens, block, args.runs,
                              lambda: head.append(headless(model, draft, args.prompt, args.max_tokens, block))))
+    _release_main_thread()
     h, t = statistics.median(head), statistics.median(tui)
     print(f"headless decode {h:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in head)})")
     print(f"in the TUI      {t:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in tui)})")

@@ -155,7 +155,7 @@ class DFlashApp(App[None]):
         self.meter.set_settings(self.meter_settings())
         self.meter.set_baseline_tps(None)
         if self.start_engine:
-            self.engine.start(self)
+            self.engine.start()
             model, draft = self._initial
             if model:
                 self.load_model(model, draft)
@@ -164,9 +164,9 @@ class DFlashApp(App[None]):
                 self.call_after_refresh(self.action_pick_model)
         self.prompt.focus()
 
-    def on_unmount(self) -> None:
-        self.engine.stop()
+    async def on_unmount(self) -> None:
         self._save_theme()
+        await self.engine.stopped()  # the engine thread ends (and frees MLX) before the interpreter does
 
     # -- themes ------------------------------------------------------------
     def _setup_themes(self) -> None:

@@ -1,13 +1,15 @@
 """The engine worker: one long-lived thread that owns the models.
 
 MLX's generation stream is per thread, so loading and generating happen in the
-same thread, started once through Textual's worker API. The UI talks to it
-through a queue of requests and hears back through typed Messages; blocks are
-coalesced so the UI re-renders a few times a second, not once per token.
+same thread, started once with the app and ended (its MLX streams freed) when
+the app exits. The UI talks to it through a queue of requests and hears back
+through typed Messages; blocks are coalesced so the UI re-renders a few times a
+second, not once per token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -15,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from textual.message import Message
-from textual.worker import Worker, get_current_worker
 
 from dflash_tui.ui import messages as msg
 
 FLUSH_INTERVAL_S = 0.2  # 5 repaints a second: live to the eye; faster starves the engine of the GIL
+STOP_TIMEOUT_S = 10.0  # a generation stops within a cycle; a load in progress cannot be interrupted
 PROBE_PROMPT = "Write a short paragraph about the sea."
 
 
@@ -90,16 +92,20 @@ class EngineWorker:
         self._ui_ready = threading.Event()
         self._ui_ready.set()
         self._flush_interval = flush_interval
-        self._worker: Optional[Worker] = None
+        # its own thread, not a pooled one: MLX's per-thread streams are freed when it ends and never reused
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self._finished = threading.Event()  # set once the thread has released its models and streams
         self.thread_id: Optional[int] = None
         self.pair = None
         self.conversation = None
         self._peak = 0  # MLX's peak is reset each turn; the meter shows the peak since load
 
     # -- called from the UI thread ----------------------------------------
-    def start(self, app) -> Worker:
-        self._worker = app.run_worker(self._run, name="engine", group="engine", thread=True, exit_on_error=False)
-        return self._worker
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._run, name="dflash-engine")
+        self._thread.start()
+        return self._thread
 
     def submit(self, request: object) -> None:
         if isinstance(request, Generate):
@@ -115,20 +121,55 @@ class EngineWorker:
         self._cancel.set()
 
     def stop(self) -> None:
+        self._stop.set()
         self._cancel.set()
         self._queue.put(_Stop())
 
+    async def stopped(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+        """Stop the thread and wait (without blocking the event loop) until it has let go of MLX."""
+        self.stop()
+        end = time.monotonic() + timeout
+        while self._thread is not None and not self._finished.is_set() and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        return self._finished.is_set()
+
+    @property
+    def finished(self) -> bool:
+        """The thread has ended, its models and MLX streams released."""
+        return self._finished.is_set()
+
     # -- the thread --------------------------------------------------------
     def _stopping(self) -> bool:
-        worker = self._worker
-        return worker is not None and worker.is_cancelled
+        # the main thread gone means the interpreter is exiting without the app's own stop
+        return self._stop.is_set() or not threading.main_thread().is_alive()
 
     def _should_cancel(self) -> bool:
         return self._cancel.is_set() or self._stopping()
 
     def _run(self) -> None:
         self.thread_id = threading.get_ident()
-        self._worker = self._worker or get_current_worker()
+        try:
+            self._serve()
+        finally:
+            self._release()
+            self._finished.set()
+
+    def _release(self) -> None:
+        """Drop the models and this thread's MLX streams while Python still runs.
+
+        Left to thread or interpreter teardown, MLX's cleanup can abort the process
+        ("terminate called without an active exception").
+        """
+        self.pair = self.conversation = None
+        try:
+            import mlx.core as mx
+
+            mx.synchronize()
+            mx.clear_streams()
+        except Exception:  # an older MLX without clear_streams, or nothing was ever evaluated
+            pass
+
+    def _serve(self) -> None:
         while not self._stopping():
             try:
                 request = self._queue.get(timeout=0.1)
