@@ -103,6 +103,7 @@ class DFlashApp(App[None]):
         self.generating = False
         self.turn_id = 0
         self._handle: Optional[AssistantHandle] = None
+        self._queued_turn: Optional[Generate] = None  # the turn the engine gets once its messages are drawn
         self._turn_user_text: Optional[str] = None
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
         self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
@@ -347,8 +348,16 @@ class DFlashApp(App[None]):
         self._handle = self.chat.start_assistant()
         self.acceptance.reset()
         self.meter.set_settings(self.meter_settings())
-        self.engine.submit(Generate(self.turn_id, text, self.generation_settings()))
+        self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
         self.refresh_bindings()
+        # the engine starts once the new messages and the footer are drawn: that burst of layout
+        # would otherwise land in the first cycles and slow the decode
+        self.call_after_refresh(self.call_after_refresh, self._submit_turn)
+
+    def _submit_turn(self) -> None:
+        request, self._queued_turn = self._queued_turn, None
+        if request is not None and request.turn_id == self.turn_id and self.generating:
+            self.engine.submit(request)
 
     def _current(self, turn_id: int) -> bool:
         return turn_id == self.turn_id and self._handle is not None
@@ -358,14 +367,17 @@ class DFlashApp(App[None]):
             self.meter.on_prefill(message.event)
             self._recorder.add(message.event)
 
-    def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
+    async def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
         self.call_after_refresh(self.engine.blocks_shown)  # ask for the next batch once this one is painted
         if not self._current(message.turn_id):
             return
-        self.acceptance.add_blocks(message.blocks)
-        self.meter.on_blocks(message.blocks, message.elapsed_s)
-        self._handle.append(message.text)
+        handle = self._handle
         self._recorder.add_blocks(message.blocks, message.elapsed_s)
+        with self.batch_update():  # the rows, the meter and the reply in one frame, not three
+            self.acceptance.add_blocks(message.blocks)
+            self.meter.on_blocks(message.blocks, message.elapsed_s)
+            handle.append(message.text)
+            await handle.written()
 
     def on_turn_done(self, message: msg.TurnDone) -> None:
         if not self._current(message.turn_id):
@@ -401,6 +413,7 @@ class DFlashApp(App[None]):
 
     def action_stop(self) -> None:
         if self.generating:
+            self._submit_turn()  # Esc before the engine got the turn: it starts and stops at once
             self.engine.cancel()
             self.notify("Stopping after this cycle…", timeout=2)
 

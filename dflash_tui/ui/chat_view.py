@@ -1,7 +1,8 @@
 """The conversation: user and assistant messages, notes, and the loading panel.
 
-Assistant replies stream in through `Markdown.get_stream()` and get one full
-update at the end, so code fences that arrived in pieces render right. The view
+Assistant replies stream in through `Markdown.append` (each batch re-parses
+only from the last block) and get one full update at the end, so code fences
+that arrived in pieces render right. The view
 is anchored: it follows the stream while the user is at the bottom and stays
 put once they scroll up (Textual restores the anchor when they scroll back).
 """
@@ -136,7 +137,6 @@ class AssistantHandle:
         self._parts: list[str] = []
         self._buffer: list[str] = []
         self._drain: Optional[asyncio.Task] = None
-        self._stream = None
         self.finished = False
 
     @property
@@ -152,17 +152,20 @@ class AssistantHandle:
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write())
 
+    async def written(self) -> None:
+        """Wait until what was appended is in the widget (chunks that piled up meanwhile go in one parse)."""
+        if self._drain is not None and not self._drain.done():
+            await asyncio.shield(self._drain)
+
     async def _write(self) -> None:
         await self._mounted
-        if not self.message.is_attached:
-            self._buffer.clear()
-            return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.message.body)
         while self._buffer:
+            if not self.message.is_attached:
+                self._buffer.clear()
+                return
             chunk = "".join(self._buffer)
             self._buffer.clear()
-            await self._stream.write(chunk)
+            await self.message.body.append(chunk)  # re-parses from the last block only
 
     def finish(self, full_text: Optional[str] = None, footer: str = "") -> asyncio.Task:
         """End the stream; `full_text` (the engine's final text) replaces what was streamed."""
@@ -173,8 +176,6 @@ class AssistantHandle:
         if self._drain is not None:
             await self._drain
         await self._mounted
-        if self._stream is not None:
-            await self._stream.stop()
         text = self.text if full_text is None else full_text
         self.message.raw_text = text
         if not self.message.is_attached:
