@@ -221,3 +221,46 @@ def test_a_chunk_streamed_before_mount_shows_once():
             return md.source
 
     assert asyncio.run(go()) == "Hello world"
+
+
+def test_bare_code_replies_are_shown_fenced_and_prose_is_left_alone():
+    from dflash_tui.ui.chat_view import code_blocks, display_text, looks_like_bare_code
+
+    code = "def f(xs):\n    return len(xs)\n"
+    assert looks_like_bare_code(code) and looks_like_bare_code("@cache\ndef g(): pass")
+    assert display_text(code) == "```python\ndef f(xs):\n    return len(xs)\n```"
+    assert code_blocks(display_text(code)) == ["def f(xs):\n    return len(xs)"]
+    for text in ("Define a function first.", "Here:\n```python\ndef f(): pass\n```", "default value is 3"):
+        assert not looks_like_bare_code(text)
+        assert display_text(text) == text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_streamed_bare_code_reply_renders_as_one_code_block(anyio_backend):
+    from textual.app import App
+    from textual.widgets import Markdown
+    from textual.widgets._markdown import MarkdownFence
+
+    from dflash_tui.ui.chat_view import ChatView
+
+    class Host(App):
+        def compose(self):
+            yield ChatView()
+
+    app = Host()
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = app.query_one(ChatView)
+        handle = chat.start_assistant()
+        for piece in ["de", "f count_lines(path):", "\n    with open(path) as f:", "\n        return len(f.readlines())\n"]:
+            handle.append(piece)
+            await pilot.pause()
+        await handle.written()
+        md = handle.message.query_one(Markdown)
+        fences = list(md.query(MarkdownFence))
+        assert len(fences) == 1 and "return len(f.readlines())" in fences[0].code
+        await handle.finish()
+        await pilot.pause()
+        fences = list(md.query(MarkdownFence))
+        assert len(fences) == 1 and fences[0].code.startswith("def count_lines(path):\n    with open(path)")
+        assert handle.message.raw_text.startswith("def count_lines")  # what is saved stays the model's text

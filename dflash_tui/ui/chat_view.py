@@ -28,6 +28,19 @@ def visible(text: str) -> str:
     return text.translate(_CONTROL)
 
 
+_BARE_CODE = re.compile(r"\s*(def |async def |class \w|@\w|import \w|from [\w.]+ import )")
+
+
+def looks_like_bare_code(text: str) -> bool:
+    """A reply that starts as Python source and has no fences (the demo model answers this way)."""
+    return "```" not in text and "~~~" not in text and _BARE_CODE.match(text) is not None
+
+
+def display_text(text: str) -> str:
+    """The Markdown to show for a reply: bare code goes in a fence, or Markdown would run its lines together."""
+    return f"```python\n{text.rstrip(chr(10))}\n```" if looks_like_bare_code(text) else text
+
+
 def code_blocks(markdown: str) -> list[str]:
     """The bodies of fenced code blocks, in order (an unclosed fence runs to the end)."""
     return [m.group("body").rstrip("\n") for m in _FENCE.finditer(markdown)]
@@ -61,7 +74,7 @@ class MessageBlock(Vertical, can_focus=True):
 
     def header_text(self) -> str:
         links = "[@click=copy_message]copy[/]"
-        if code_blocks(self.raw_text):
+        if code_blocks(display_text(self.raw_text)):
             links += "  [@click=copy_code]copy code[/]"
         return f"[b]{self.ROLE}[/b]  [dim]{links}[/dim]"
 
@@ -77,7 +90,7 @@ class MessageBlock(Vertical, can_focus=True):
         self.app.notify(f"Copied the {self.ROLE} message ({len(self.raw_text)} characters)", timeout=2)
 
     def action_copy_code(self) -> None:
-        blocks = code_blocks(self.raw_text)
+        blocks = code_blocks(display_text(self.raw_text))
         if not blocks:
             self.app.notify("This message has no code blocks", severity="warning", timeout=2)
             return
@@ -111,7 +124,7 @@ class AssistantMessage(MessageBlock):
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
-        yield Markdown(visible(self._initial), classes="message-body")
+        yield Markdown(visible(display_text(self._initial)), classes="message-body")
         yield Static(self._footer, classes="message-footer", markup=False)
 
     @property
@@ -137,6 +150,7 @@ class AssistantHandle:
         self._parts: list[str] = []
         self._buffer: list[str] = []
         self._drain: Optional[asyncio.Task] = None
+        self._fenced: Optional[bool] = None  # decided once the reply's start is known
         self.finished = False
 
     @property
@@ -148,6 +162,12 @@ class AssistantHandle:
             return
         self._parts.append(text)
         self.message.raw_text = self.text
+        if self._fenced is None:
+            start = self.text
+            if "\n" not in start and len(start.lstrip()) < 16:
+                return  # too little to tell prose from code yet
+            self._fenced = looks_like_bare_code(start)
+            text = ("```python\n" if self._fenced else "") + start
         self._buffer.append(visible(text))
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write())
@@ -180,7 +200,7 @@ class AssistantHandle:
         self.message.raw_text = text
         if not self.message.is_attached:
             return  # removed meanwhile (regenerate, new chat, quit)
-        await self.message.body.update(visible(text) if text else "*(empty reply)*")
+        await self.message.body.update(visible(display_text(text)) if text else "*(empty reply)*")
         self.message.set_footer(footer)
         self.message.refresh_header()
 
