@@ -181,6 +181,17 @@ async def test_escape_stops_within_one_cycle_and_keeps_the_text(qwen3_dirs, engi
         assert app.engine.conversation.messages[-1] == {"role": "assistant", "content": done.text}
 
 
+async def test_the_engine_is_a_textual_worker_and_cancelling_it_stops_the_thread(qwen3_dirs):
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        (worker,) = [w for w in app.workers if w.name == "engine"]
+        assert worker is app.engine.worker and not app.engine.finished
+        worker.cancel()
+        await wait_for(pilot, lambda: app.engine.finished, 15.0, "the engine thread to end")
+        assert app.engine.pair is None
+
+
 async def test_quitting_mid_reply_ends_the_engine_thread_cleanly(qwen3_dirs, engine_events, monkeypatch):
     import mlx.core as mx
 

@@ -264,3 +264,12 @@ async def test_a_streamed_bare_code_reply_renders_as_one_code_block(anyio_backen
         fences = list(md.query(MarkdownFence))
         assert len(fences) == 1 and fences[0].code.startswith("def count_lines(path):\n    with open(path)")
         assert handle.message.raw_text.startswith("def count_lines")  # what is saved stays the model's text
+
+
+def test_a_reply_start_is_held_back_only_while_it_could_still_be_code():
+    from dflash_tui.ui.chat_view import _start_undecided
+
+    for start in ("", "  ", "de", "def", "async", "from os", "@"):
+        assert _start_undecided(start), start
+    for start in ("Hello", "def f(x):", "from os import path", "Sure, here", "class\n", "default"):
+        assert not _start_undecided(start), start

@@ -156,7 +156,7 @@ class DFlashApp(App[None]):
         self.meter.set_settings(self.meter_settings())
         self.meter.set_baseline_tps(None)
         if self.start_engine:
-            self.engine.start()
+            self.engine.start(self)
             model, draft = self._initial
             if model:
                 self.load_model(model, draft)

@@ -36,6 +36,18 @@ def looks_like_bare_code(text: str) -> bool:
     return "```" not in text and "~~~" not in text and _BARE_CODE.match(text) is not None
 
 
+def _start_undecided(text: str) -> bool:
+    """True while a reply's first line could still turn out to be bare code ("de", "from os")."""
+    head = text.lstrip()
+    if not head:
+        return True
+    if "\n" in head:
+        return False
+    if any(k.startswith(head) for k in ("def ", "async def ", "class ", "import ", "from ", "@")):
+        return True
+    return head.startswith("from ") and " import " not in head and len(head) < 40
+
+
 def display_text(text: str) -> str:
     """The Markdown to show for a reply: bare code goes in a fence, or Markdown would run its lines together."""
     return f"```python\n{text.rstrip(chr(10))}\n```" if looks_like_bare_code(text) else text
@@ -164,7 +176,7 @@ class AssistantHandle:
         self.message.raw_text = self.text
         if self._fenced is None:
             start = self.text
-            if "\n" not in start and len(start.lstrip()) < 16:
+            if _start_undecided(start):
                 return  # too little to tell prose from code yet
             self._fenced = looks_like_bare_code(start)
             text = ("```python\n" if self._fenced else "") + start

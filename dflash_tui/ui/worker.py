@@ -94,6 +94,7 @@ class EngineWorker:
         self._flush_interval = flush_interval
         # its own thread, not a pooled one: MLX's per-thread streams are freed when it ends and never reused
         self._thread: Optional[threading.Thread] = None
+        self.worker: Any = None  # the Textual worker supervising the thread, when started with an app
         self._stop = threading.Event()
         self._finished = threading.Event()  # set once the thread has released its models and streams
         self.thread_id: Optional[int] = None
@@ -102,10 +103,25 @@ class EngineWorker:
         self._peak = 0  # MLX's peak is reset each turn; the meter shows the peak since load
 
     # -- called from the UI thread ----------------------------------------
-    def start(self) -> threading.Thread:
+    def start(self, app: Any = None) -> threading.Thread:
+        """Start the engine thread; with an app, also a Textual worker that drives its lifetime."""
         self._thread = threading.Thread(target=self._run, name="dflash-engine")
         self._thread.start()
+        if app is not None:
+            self.worker = app.run_worker(self._supervise, name="engine", group="engine", exit_on_error=False)
         return self._thread
+
+    async def _supervise(self) -> None:
+        """The engine as seen by Textual's worker API: cancelling this worker stops the thread.
+
+        MLX work stays on the dedicated thread, which Textual's pooled thread workers could not give.
+        """
+        try:
+            while not self._finished.is_set():
+                await asyncio.sleep(0.1)
+        except asyncio.CancelledError:
+            self.stop()
+            raise
 
     def submit(self, request: object) -> None:
         if isinstance(request, Generate):
