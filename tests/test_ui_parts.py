@@ -216,7 +216,8 @@ def test_a_chunk_streamed_before_mount_shows_once():
             handle = app.query_one(ChatView).start_assistant()
             handle.append("Hello")  # before the message is mounted
             handle.append(" world")
-            await pilot.pause(0.3)
+            await handle.written()  # wait for the write itself, not a fixed pause (slow under load)
+            await pilot.pause()
             md = handle.message.query_one(Markdown)
             return md.source
 
