@@ -72,3 +72,15 @@ def oracle_proposer(sequence: list[int], error_rate: float = 0.3, seed: int = 0,
         return mx.array(out, dtype=real.dtype) + 0 * real  # keep the draft forward in the graph
 
     return propose
+
+
+def demo_pair_bundled() -> bool:
+    """True when the demo pair's weights are in the package (or DFLASH_TUI_DEMO_DIR names a build)."""
+    from dflash_tui.demo import demo_draft_path, demo_target_path
+    from dflash_tui.errors import UserError
+
+    try:
+        demo_target_path(), demo_draft_path()
+    except UserError:
+        return False
+    return True

@@ -13,22 +13,14 @@ from ui_support import install_placeholders
 
 install_placeholders()
 
-from dflash_tui.errors import UserError  # noqa: E402
+from conftest import demo_pair_bundled  # noqa: E402
 
 PROMPT = "Wait until a predicate becomes true."  # a held-out request
 
 
-def _bundled() -> bool:
-    from dflash_tui.demo import demo_draft_path, demo_target_path
-
-    try:
-        demo_target_path(), demo_draft_path()
-    except UserError:
-        return False
-    return True
 
 
-pytestmark = pytest.mark.skipif(not _bundled(), reason="no demo pair bundled")
+pytestmark = pytest.mark.skipif(not demo_pair_bundled(), reason="no demo pair bundled")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

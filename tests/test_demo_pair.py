@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_tui.errors import UserError
 
-from conftest import reference_tokens
+from conftest import demo_pair_bundled, reference_tokens
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done
 
@@ -28,17 +27,9 @@ PROMPTS = [
 MAX_TOKENS = 200
 
 
-def _bundled() -> bool:
-    from dflash_tui.demo import demo_draft_path, demo_target_path
-
-    try:
-        demo_target_path(), demo_draft_path()
-    except UserError:
-        return False
-    return True
 
 
-needs_pair = pytest.mark.skipif(not _bundled(), reason="no demo pair bundled yet: build it with dflash_tui.training.build_demo")
+needs_pair = pytest.mark.skipif(not demo_pair_bundled(), reason="no demo pair bundled yet: build it with dflash_tui.training.build_demo")
 
 
 @pytest.fixture(scope="module")

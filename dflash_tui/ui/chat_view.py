@@ -162,7 +162,7 @@ class AssistantHandle:
         self._parts: list[str] = []
         self._buffer: list[str] = []
         self._drain: Optional[asyncio.Task] = None
-        self._fenced: Optional[bool] = None  # decided once the reply's start is known
+        self._started = False  # the reply's start is known to be prose or bare code
         self.finished = False
 
     @property
@@ -174,12 +174,12 @@ class AssistantHandle:
             return
         self._parts.append(text)
         self.message.raw_text = self.text
-        if self._fenced is None:
+        if not self._started:
             start = self.text
             if _start_undecided(start):
                 return  # too little to tell prose from code yet
-            self._fenced = looks_like_bare_code(start)
-            text = ("```python\n" if self._fenced else "") + start
+            self._started = True
+            text = ("```python\n" if looks_like_bare_code(start) else "") + start
         self._buffer.append(visible(text))
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write())
