@@ -10,12 +10,14 @@ decoding (every verify sees a new cache length).
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --block-size 16
     python -m dflash_tui.bench.cycle_cost --shape tiny        # CPU smoke run
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --verify bucketed   # one attention mode
+    python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --setups engine mlx-ops --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -24,8 +26,9 @@ import mlx.core as mx
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
+from dflash_tui.engine.cuda_kernels import kernels_wanted
 from dflash_tui.engine.draft import ATTENTION_MODES, DFlashDraft
-from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
+from dflash_tui.engine.speculative import dflash_cycles, draft_proposals, lazy_draft_wanted
 from dflash_tui.engine.state import DecodeState
 from dflash_tui.engine.target import Target
 
@@ -103,6 +106,28 @@ def measure(target: Target, draft: DFlashDraft, block: int, prompt_len: int, tok
     }
 
 
+# Engine setups to compare side by side (--setups): what each switches. "engine" is whatever
+# the engine chooses on this device; "mlx-ops" is the engine without the CUDA kernels or the
+# pipelining, with multi-query attention as plain matmuls (its CUDA default before them).
+SETUPS: dict[str, dict[str, Any]] = {
+    "engine": {},
+    "mlx-ops": {"attention": "plain", "flush": 0, "env": {"DFLASH_TUI_KERNELS": "0", "DFLASH_TUI_LAZY_DRAFT": "0"}},
+    "kernels": {"attention": "kernel", "flush": 0, "env": {"DFLASH_TUI_KERNELS": "1", "DFLASH_TUI_LAZY_DRAFT": "0"}},
+}
+
+
+def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """Switch the pair to a setup (defaults: the engine's own choices, recorded at start)."""
+    setup = {**defaults, **SETUPS[name]}
+    target.use_attention(setup["attention"])
+    draft.set_attention_mode(setup["attention"])
+    target.use_pipelining(setup["flush"])
+    for key, value in setup.get("env", {}).items():
+        os.environ[key] = value
+    return {"setup": name, "attention": target.attention_mode, "flush_every": target.flush_every,
+            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -113,27 +138,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--verify", choices=ATTENTION_MODES, default=None,
                    help="attention mode for draft and verify (default: the engine's own choice)")
+    p.add_argument("--flush", type=int, default=None,
+                   help="evaluate a cycle's forwards every N target layers, 0 = at the end (default: the engine's choice)")
+    p.add_argument("--setups", nargs="+", choices=sorted(SETUPS), default=None,
+                   help="compare these engine setups, alternating run by run (overrides --verify/--flush)")
+    p.add_argument("--repeat", type=int, default=1, help="measurements per block size (and setup)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     target, draft = build(args.shape, args.draft_layers, getattr(mx, args.dtype))
     if args.verify:
         target.use_attention(args.verify)
         draft.set_attention_mode(args.verify)
+    if args.flush is not None:
+        target.use_pipelining(args.flush)
+    defaults = {"attention": target.attention_mode, "flush": target.flush_every,
+                "env": {k: os.environ.get(k, "") for k in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_LAZY_DRAFT")}}
     info = {"device": str(mx.default_device()), "shape": args.shape, "mlx": mx.__version__,
-            "attention": target.attention_mode}
+            "attention": target.attention_mode, "flush_every": target.flush_every,
+            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
     try:
         info["device_name"] = mx.device_info().get("device_name")
     except Exception:
         pass
-    rows = [measure(target, draft, b, args.prompt, args.tokens) for b in args.block_size]
+    rows = []
+    for _ in range(args.repeat):
+        for name in args.setups or [None]:
+            setup = apply_setup(target, draft, name, defaults) if name else {}
+            for b in args.block_size:
+                rows.append({**setup, **measure(target, draft, b, args.prompt, args.tokens)})
+                if not args.json:
+                    r = rows[-1]
+                    print(f"{r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
+                          f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle (draft "
+                          f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)",
+                          flush=True)
+    summary = {}
+    for r in rows:
+        summary.setdefault(f"{r.get('setup', 'run')} b{r['block_size']}", []).append(r["steps_per_cycle"])
+    summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for k, v in summary.items()}
     if args.json:
-        print(json.dumps({"info": info, "rows": rows}, indent=2))
+        print(json.dumps({"info": info, "rows": rows, "steps_per_cycle": summary}, indent=2))
     else:
         print(info)
-        for r in rows:
-            print(f"block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, cycle {r['cycle_ms']:.2f} ms "
-                  f"= {r['steps_per_cycle']:.2f} steps/cycle (draft {r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, "
-                  f"rollback {r['rollback_ms']:.2f} ms)")
+        for k, v in summary.items():
+            print(f"{k}: {v['median']:.2f} steps/cycle median ({v['min']:.2f}-{v['max']:.2f}, n={v['n']})")
     return 0
 
 

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_tui.engine.checkpoint import SHARD_BYTES, save_sharded
+from dflash_tui.engine.cuda_kernels import block_attention, block_attention_fits, kernels_wanted
 from dflash_tui.errors import UserError
 
 
@@ -108,7 +109,7 @@ class DraftConfig:
         return out
 
 
-ATTENTION_MODES = ("fused", "plain", "folded", "bucketed", "bucketed-compiled")
+ATTENTION_MODES = ("fused", "plain", "folded", "bucketed", "bucketed-compiled", "kernel")
 # What MLX CUDA runs for multi-query attention (draft and verify) unless DFLASH_TUI_VERIFY
 # says otherwise; the one line to change once a device benchmark shows a better mode.
 CUDA_ATTENTION = "plain"
@@ -123,12 +124,15 @@ def plain_attention_pays() -> bool:
 
 
 def default_attention_mode() -> str:
-    """`DFLASH_TUI_VERIFY` if set, else `CUDA_ATTENTION` on MLX CUDA and the fused kernel elsewhere."""
+    """`DFLASH_TUI_VERIFY` if set; else "kernel" where the block kernels are on (MLX CUDA, or
+    forced by DFLASH_TUI_KERNELS), `CUDA_ATTENTION` on MLX CUDA without them, the fused kernel elsewhere."""
     mode = os.environ.get("DFLASH_TUI_VERIFY", "").strip()
     if mode:
         if mode not in ATTENTION_MODES:
             raise UserError(f"DFLASH_TUI_VERIFY={mode!r}: expected one of {', '.join(ATTENTION_MODES)}")
         return mode
+    if kernels_wanted():
+        return "kernel"
     return CUDA_ATTENTION if plain_attention_pays() else "fused"
 
 
@@ -252,6 +256,8 @@ def bucketed_attention(q: mx.array, cache: KVCache, scale: float, causal: bool, 
 def multi_query_attention(mode: str, q: mx.array, keys: mx.array, values: mx.array, cache: Optional[KVCache],
                           scale: float, causal: bool) -> Optional[mx.array]:
     """Multi-query attention in a non-fused `mode`; None means: use the fused kernel."""
+    if mode == "kernel" and block_attention_fits(q, keys, values):
+        return block_attention(q, keys, values, scale, causal)
     if mode.startswith("bucketed") and isinstance(cache, KVCache):
         out = bucketed_attention(q, cache, scale, causal, compiled=mode == "bucketed-compiled")
         if out is not None:

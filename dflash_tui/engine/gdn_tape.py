@@ -42,6 +42,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta as _gd
 
+from dflash_tui.engine.cuda_kernels import gated_delta_fits, gated_delta_steps, kernels_wanted
+
 _RECORD_ATTR = "_dflash_gdn_record"
 MODES = ("auto", "replay")
 _UPDATE_ARGS = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "mask")
@@ -62,7 +64,7 @@ class Record:
         self.mode = mode  # "auto": states where mlx-lm loops per step, else replay; "replay": always replay
         self.steps = 0
         self.conv_input: Optional[mx.array] = None
-        self.states: Optional[list[mx.array]] = None  # state after step 1..T (states mode)
+        self.states: Optional[Any] = None  # state after step 1..T, indexable by step (states mode)
         self.replay: Optional[dict[str, Any]] = None  # gated_delta_update's arguments (replay mode)
 
 
@@ -288,6 +290,32 @@ def _stepwise_matches(bound: dict[str, Any]) -> bool:
     return _stepwise_verdict[key]
 
 
+def _gates(bound: dict[str, Any]) -> tuple[mx.array, mx.array]:
+    """(g, beta) as mlx-lm's gated_delta_update computes them."""
+    opts = bound["_opts"]
+    beta = mx.sigmoid(bound["b"])
+    if opts.get("allow_neg_eigval", False):
+        beta = beta * 2.0
+    if opts.get("lower_bound") is None:
+        g = _gd.compute_g(bound["A_log"], bound["a"], bound["dt_bias"])
+    else:
+        g = _gd.compute_lower_bound_g(bound["A_log"], bound["a"], bound["dt_bias"], opts["lower_bound"])
+    return g, beta
+
+
+def _kernel_fits(bound: dict[str, Any]) -> bool:
+    known = set(bound["_opts"]) <= {"use_kernel", "lower_bound", "allow_neg_eigval"}
+    g_ndim = bound["a"].ndim  # g has a's shape: [B, T, Hv] for scalar gates
+    return known and g_ndim == 3 and gated_delta_fits(bound["q"], bound["v"], bound["a"], bound["state"], bound["mask"])
+
+
+def _kernel_update(bound: dict[str, Any]) -> tuple[mx.array, Any]:
+    """All the verify's steps in one kernel launch (MLX CUDA), every step's state kept.
+    Equal to mlx-lm's per-step loop up to float32 summation order, not bitwise."""
+    g, beta = _gates(bound)
+    return gated_delta_steps(bound["q"], bound["k"], bound["v"], g, beta, bound["state"])
+
+
 def _record_update(rec: Record, args: tuple, kwargs: dict):
     bound = _bind(args, kwargs)
     if bound["state"] is None:  # the layer's first tokens: start from the zeros mlx-lm would use
@@ -295,6 +323,11 @@ def _record_update(rec: Record, args: tuple, kwargs: dict):
         Hv, Dv = bound["v"].shape[-2:]
         bound["state"] = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
     rec.replay = bound
+    if rec.mode == "auto" and _takes_ops_path(bound) and kernels_wanted() and _kernel_fits(bound):
+        y, states = _kernel_update(bound)
+        rec.states = states
+        rec.replay = {"state": bound["state"]}
+        return y, states[-1]
     if rec.mode == "auto" and _takes_ops_path(bound) and _stepwise_matches(bound):
         y, states = stepwise_update(*(bound[n] for n in _UPDATE_ARGS), **bound["_opts"])
         rec.states = states

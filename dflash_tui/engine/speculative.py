@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
@@ -66,6 +67,15 @@ def _choose_proposals(
     return sample_proposals(proposed, sampling, keys.next())
 
 
+def lazy_draft_wanted() -> bool:
+    """Hand the draft's proposals to the verify on the device, unread (`DFLASH_TUI_LAZY_DRAFT=0|1`
+    forces it; unset: on a GPU, where the device runs apart from Python)."""
+    flag = os.environ.get("DFLASH_TUI_LAZY_DRAFT", "").strip()
+    if flag:
+        return flag not in ("0", "off", "false")
+    return mx.default_device() == mx.gpu
+
+
 def dflash_cycles(
     state: DecodeState,
     first_token: int,
@@ -89,6 +99,9 @@ def dflash_cycles(
         sampling = None  # temperature 0 is the exact greedy path
     assert sampling is None or keys is not None, "sampling needs a key stream"
     sizer = block_size if isinstance(block_size, BlockSizer) else None
+    # pipelined: the draft is not waited for, so draft_ms is the time to set it off and
+    # verify_ms runs until both are done (the two still add up to the cycle)
+    pipelined = lazy_draft_wanted()
     token = first_token
     while not should_cancel():
         left = remaining()
@@ -99,7 +112,10 @@ def dflash_cycles(
         drafted_arr = q = None
         if b > 1:
             drafted_arr, q = _choose_proposals(propose(state, token, b), sampling, keys)
-            mx.eval(drafted_arr, q)
+            if pipelined:  # the verify below reads the proposals on the device: no wait for them here
+                mx.async_eval(drafted_arr, *([] if q is None else [q]))
+            else:
+                mx.eval(drafted_arr, q)
         t_draft = time.perf_counter()
 
         first = mx.array([token])
@@ -107,11 +123,12 @@ def dflash_cycles(
         target.begin_verify(state.target_cache)
         logits, feats = target.forward(verify_in[None], state.target_cache)
         if sampling is None:
-            posterior_arr = greedy(logits[0])
-            mx.eval(posterior_arr, feats)
+            posterior_arr = greedy(logits[0]).astype(mx.int32)
+            readback = posterior_arr if drafted_arr is None else mx.concatenate([drafted_arr.astype(mx.int32), posterior_arr])
+            mx.eval(readback, feats)
             t_verify = time.perf_counter()
-            drafted = drafted_arr.tolist() if drafted_arr is not None else []
-            posterior = posterior_arr.tolist()
+            values = readback.tolist()  # one host read: proposals then the target's tokens
+            drafted, posterior = values[: b - 1] if drafted_arr is not None else [], values[-b:]
             accepted = accept_greedy(drafted, posterior)
             next_token = posterior[accepted]
         else:

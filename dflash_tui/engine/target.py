@@ -9,6 +9,7 @@ untouched layers.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -18,6 +19,21 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from dflash_tui.engine.draft import ATTENTION_MODES, BucketKVCache, default_attention_mode, multi_query_attention
 
 _capturing_classes: dict[type, type] = {}
+PIPELINE_TOKENS = 16  # forwards this short (cycles, not prefill) are evaluated layer group by layer group
+
+
+def pipelining_wanted() -> bool:
+    """`DFLASH_TUI_PIPELINE=0|1` forces it; unset: on where the device runs apart from Python (a GPU)."""
+    flag = os.environ.get("DFLASH_TUI_PIPELINE", "").strip()
+    if flag:
+        return flag not in ("0", "off", "false")
+    return mx.default_device() == mx.gpu
+
+
+def default_flush_every(num_layers: int) -> int:
+    """Layers per pipelined group: two groups per forward (more measured slower on MLX CUDA,
+    where each evaluation launches its own graph)."""
+    return -(-num_layers // 2) if pipelining_wanted() and num_layers >= 8 else 0
 _sdpa_classes: dict[tuple[type, str], Optional[type]] = {}
 
 
@@ -55,7 +71,8 @@ def _sdpa_class(cls: type, mode: str) -> Optional[type]:
 
 
 def _capturing_class(cls: type) -> type:
-    """A subclass of `cls` whose instances append their output to `self._dflash_sink`."""
+    """A subclass of `cls` whose instances append their output to `self._dflash_sink` and,
+    when `self._dflash_flush` is set, start evaluating it (see `Target.flush_every`)."""
     if cls not in _capturing_classes:
 
         def __call__(self, *args, **kwargs):
@@ -63,6 +80,8 @@ def _capturing_class(cls: type) -> type:
             sink = self._dflash_sink
             if sink is not None:  # armed only inside Target.forward: plain mlx-lm calls capture nothing
                 sink.append(out)
+            if self._dflash_flush:
+                mx.async_eval(out)
             return out
 
         _capturing_classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
@@ -81,6 +100,10 @@ class Target:
         self.args = self.lm.args
         self.layers = list(self.backbone.layers)
         self.capture_ids: list[int] = []
+        self.hooked_ids: list[int] = []
+        # Forwards of up to PIPELINE_TOKENS tokens start evaluating every `flush_every` layers, so
+        # the device runs the first layers while Python still builds the rest (0 = never).
+        self.flush_every = default_flush_every(self.num_layers)
         self.attention_mode = "fused"
         mode = default_attention_mode()
         if mode != "fused":
@@ -135,12 +158,14 @@ class Target:
     def set_capture(self, layer_ids: list[int]) -> None:
         """Record the outputs of these layers on every forward from now on."""
         self.release_capture()
-        for i in sorted(layer_ids):
+        self.capture_ids = sorted(layer_ids)
+        self.hooked_ids = sorted(set(self.capture_ids) | set(self._flush_ids()))
+        for i in self.hooked_ids:
             layer = self.layers[i]
             layer.__class__ = _capturing_class(type(layer))
-            # a plain attribute, not an nn.Module child, so it stays out of parameters()
+            # plain attributes, not nn.Module children, so they stay out of parameters()
             object.__setattr__(layer, "_dflash_sink", None)
-        self.capture_ids = sorted(layer_ids)
+            object.__setattr__(layer, "_dflash_flush", False)
 
     def release_capture(self) -> None:
         capturing = set(_capturing_classes.values())
@@ -148,11 +173,25 @@ class Target:
             if type(layer) in capturing:
                 layer.__class__ = type(layer).__mro__[1]
                 object.__delattr__(layer, "_dflash_sink")
+                object.__delattr__(layer, "_dflash_flush")
         self.capture_ids = []
+        self.hooked_ids = []
 
-    def _arm(self, sink: Optional[list]) -> None:
+    def use_pipelining(self, flush_every: int) -> None:
+        """Evaluate short forwards every `flush_every` layers (0: all at once, at the end)."""
+        self.flush_every = flush_every
+        self.set_capture(self.capture_ids)
+
+    def _flush_ids(self) -> list[int]:
+        k = self.flush_every
+        return list(range(k - 1, self.num_layers - 1, k)) if k > 0 else []
+
+    def _arm(self, sink: Optional[list], flush: bool = False) -> None:
         for i in self.capture_ids:
             object.__setattr__(self.layers[i], "_dflash_sink", sink)
+        for i in self._flush_ids():
+            if i in self.hooked_ids:
+                object.__setattr__(self.layers[i], "_dflash_flush", flush)
 
     # -- forward -----------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
@@ -166,7 +205,7 @@ class Target:
     def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
         """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
         sink: list[mx.array] = []
-        self._arm(sink)
+        self._arm(sink, flush=tokens.shape[1] <= PIPELINE_TOKENS)
         try:
             h = self.backbone(tokens, cache)
         finally:

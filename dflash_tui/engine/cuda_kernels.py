@@ -1,0 +1,286 @@
+"""Custom CUDA kernels for the few-token forwards of a cycle (MLX's CUDA backend only).
+
+A DFlash cycle runs forwards of 2-16 tokens (the draft's block, the target's
+verify). MLX CUDA runs single-token decoding on fused kernels, but attention
+with several queries goes to a fused kernel built anew for every cache length,
+or to a few generic matmuls, and the Gated DeltaNet recurrence runs as about a
+dozen small kernels per token per layer. These kernels do the same work in one
+launch each (measured with `python -m dflash_tui.bench.block_kernels`):
+
+- `block_attention`: L <= 16 queries over a KV cache buffer (causal or not,
+  GQA), softmax in float32 with the usual running maximum;
+- `gated_delta_steps`: T steps of the gated delta rule in one launch, with the
+  recurrent state after every step (what the hybrid rollback keeps).
+
+Each has a pure-MLX reference with the same signature and meaning, which runs
+wherever the kernels cannot (and lets the CPU tests check the wiring).
+Results equal MLX's own ops up to float32 summation order.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Optional
+
+import mlx.core as mx
+
+MAX_ROWS = 16  # queries block_attention takes; longer forwards (prefill) use MLX's own attention
+
+_HEADER = """
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float dflash_f(float x) { return x; }
+__device__ __forceinline__ float dflash_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float dflash_f(__half x) { return __half2float(x); }
+
+__device__ __forceinline__ float dflash_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+"""
+
+# One block per (head, query). Its warps take the keys in turns of U at a time (U loads
+# in flight per lane, U dot products reduced together), keep a running maximum and sum,
+# then combine through shared memory. k/v may be views into a cache's buffers.
+_ATTENTION_SOURCE = """
+  constexpr int WARPS = 8;
+  constexpr int U = 4;
+  constexpr int PER = D / 32;
+  // sizes and strides arrive as kernel arguments (no small arrays to copy to the device)
+  const int H = q_shape[1], L = q_shape[2], Hkv = k_shape[1], S = k_shape[2];
+  const int pair = blockIdx.x;
+  const int h = pair / L, l = pair % L;
+  const int hk = h / (H / Hkv);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const float sc = __int_as_float(SCALE_BITS);
+  const T* qb = q + h * q_strides[1] + l * q_strides[2];
+  float qv[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) qv[i] = dflash_f(qb[(lane + 32 * i) * q_strides[3]]) * sc;
+  const int last = CAUSAL ? (S - L + l) : (S - 1);
+  const T* kb = k + hk * k_strides[1];
+  const T* vb = v + hk * v_strides[1];
+  const int64_t k_row = k_strides[2], v_row = v_strides[2], k_col = k_strides[3], v_col = v_strides[3];
+  float m_run = __int_as_float(0xff800000), l_run = 0.f, acc[PER];  // m_run = -infinity
+#pragma unroll
+  for (int i = 0; i < PER; i++) acc[i] = 0.f;
+  for (int s0 = warp * U; s0 <= last; s0 += WARPS * U) {
+    float dot[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int s = min(s0 + u, last);
+      float d = 0.f;
+#pragma unroll
+      for (int i = 0; i < PER; i++) d += qv[i] * dflash_f(kb[s * k_row + (lane + 32 * i) * k_col]);
+      dot[u] = d;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; u++) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
+    float m_new = m_run;
+#pragma unroll
+    for (int u = 0; u < U; u++) if (s0 + u <= last) m_new = fmaxf(m_new, dot[u]);
+    const float corr = __expf(m_run - m_new);
+    l_run *= corr;
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[i] *= corr;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      if (s0 + u <= last) {
+        const float p = __expf(dot[u] - m_new);
+        l_run += p;
+        const int64_t row = (s0 + u) * v_row;
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[i] += p * dflash_f(vb[row + (lane + 32 * i) * v_col]);
+      }
+    }
+    m_run = m_new;
+  }
+  __shared__ float sm_m[WARPS], sm_l[WARPS];
+  __shared__ float sm_acc[WARPS][D];
+  if (lane == 0) { sm_m[warp] = m_run; sm_l[warp] = l_run; }
+#pragma unroll
+  for (int i = 0; i < PER; i++) sm_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  if (warp == 0) {
+    float mx_all = sm_m[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; w++) mx_all = fmaxf(mx_all, sm_m[w]);
+    float wts[WARPS], total = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) { wts[w] = sm_l[w] > 0.f ? __expf(sm_m[w] - mx_all) : 0.f; total += sm_l[w] * wts[w]; }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int d = lane + 32 * i;
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; w++) o += sm_acc[w][d] * wts[w];
+      out[((size_t)h * L + l) * D + d] = T(o / total);
+    }
+  }
+"""
+
+# One warp per (batch, value head, value row): the row of the state lives in the lanes'
+# registers for all T steps; after every step it is written out (the rollback's record).
+_GATED_DELTA_SOURCE = """
+  constexpr int PER = DK / 32;
+  const int B = q_shape[0], T = q_shape[1], Hk = q_shape[2], Hv = v_shape[2], Dv = v_shape[3];
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp >= B * Hv * Dv) return;
+  const int dv = warp % Dv, hv = (warp / Dv) % Hv, b = warp / (Dv * Hv);
+  const int hk = hv / (Hv / Hk);
+  const size_t row = (((size_t)b * Hv + hv) * Dv + dv) * DK;
+  float s[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) s[i] = state[row + lane + 32 * i];
+  for (int t = 0; t < T; t++) {
+    const size_t qk = (((size_t)b * T + t) * Hk + hk) * DK;
+    const size_t gh = ((size_t)b * T + t) * Hv + hv;
+    float kk[PER], qq[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) { kk[i] = dflash_f(k[qk + lane + 32 * i]); qq[i] = dflash_f(q[qk + lane + 32 * i]); }
+    const float decay = dflash_f(g[gh]);
+    float kv = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) { s[i] *= decay; kv += s[i] * kk[i]; }
+    kv = dflash_warp_sum(kv);
+    const float delta = (dflash_f(v[gh * Dv + dv]) - kv) * dflash_f(beta[gh]);
+    float yv = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) { s[i] += kk[i] * delta; yv += s[i] * qq[i]; }
+    yv = dflash_warp_sum(yv);
+    if (lane == 0) y[gh * Dv + dv] = YT(yv);
+    const size_t out_row = ((((size_t)t * B + b) * Hv + hv) * Dv + dv) * DK;
+#pragma unroll
+    for (int i = 0; i < PER; i++) states[out_row + lane + 32 * i] = s[i];
+  }
+"""
+
+_kernels: dict[str, object] = {}
+
+
+def _kernel(name: str, inputs: list[str], outputs: list[str], source: str, contiguous: bool = True):
+    if name not in _kernels:
+        _kernels[name] = mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs,
+                                             source=source, header=_HEADER, ensure_row_contiguous=contiguous)
+    return _kernels[name]
+
+
+def on_cuda() -> bool:
+    """True where MLX runs on an NVIDIA GPU (its CUDA backend)."""
+    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+
+
+def kernels_wanted() -> bool:
+    """`DFLASH_TUI_KERNELS=0|1` forces them off or on (on: the pure-MLX references where no
+    CUDA GPU is); unset: on MLX CUDA only."""
+    flag = os.environ.get("DFLASH_TUI_KERNELS", "").strip()
+    if flag:
+        return flag not in ("0", "off", "false")
+    return on_cuda()
+
+
+_HALF = (mx.bfloat16, mx.float16)
+
+
+def _dtype_fits(dtype: mx.Dtype) -> bool:
+    # the kernels read 16-bit floats; the references take any float
+    return dtype in _HALF or (dtype == mx.float32 and not on_cuda())
+
+
+# -- attention ----------------------------------------------------------------
+
+def block_attention_fits(q: mx.array, keys: mx.array, values: mx.array) -> bool:
+    if q.ndim != 4 or keys.ndim != 4 or values.ndim != 4 or q.shape[0] != 1 or not 1 <= q.shape[2] <= MAX_ROWS:
+        return False
+    D = q.shape[3]
+    return (keys.shape[3] == D and values.shape[3] == D and D % 32 == 0 and D <= 256 and _dtype_fits(q.dtype)
+            and keys.dtype == q.dtype and values.dtype == q.dtype and q.shape[1] % keys.shape[1] == 0
+            and keys.shape[2] >= q.shape[2])
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def block_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool) -> mx.array:
+    """q [1, H, L, D] over keys/values [1, Hkv, S, D] (GQA; views of a cache's buffers are read
+    in place, their rows must be contiguous); with `causal`, the L queries are the last L
+    of the S keys. -> [1, H, L, D]."""
+    _, H, L, D = q.shape
+    if not on_cuda():
+        return _attention_reference(q, keys, values, scale, causal)
+    return _kernel("dflash_block_attention", ["q", "k", "v"], ["out"], _ATTENTION_SOURCE, contiguous=False)(
+        inputs=[q, keys, values],
+        template=[("T", q.dtype), ("D", D), ("CAUSAL", bool(causal)), ("SCALE_BITS", _float_bits(scale))],
+        grid=(H * L * 256, 1, 1),
+        threadgroup=(256, 1, 1),
+        output_shapes=[q.shape],
+        output_dtypes=[q.dtype],
+    )[0]
+
+
+def _attention_reference(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+    _, H, L, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    qf = (q.astype(mx.float32) * scale).reshape(1, Hkv, H // Hkv, L, D)
+    scores = qf @ k.astype(mx.float32)[:, :, None].swapaxes(-1, -2)
+    if causal:
+        allowed = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None]
+        scores = mx.where(allowed, scores, mx.array(-mx.inf, mx.float32))
+    weights = mx.softmax(scores, axis=-1)
+    return (weights @ v.astype(mx.float32)[:, :, None]).reshape(1, H, L, D).astype(q.dtype)
+
+
+# -- Gated DeltaNet -----------------------------------------------------------
+
+def gated_delta_fits(q: mx.array, v: mx.array, g: mx.array, state: Optional[mx.array], mask) -> bool:
+    Dk = q.shape[-1]
+    return (mask is None and g.ndim == 3 and Dk % 32 == 0 and Dk <= 256 and state is not None
+            and state.dtype == mx.float32 and q.ndim == 4 and v.ndim == 4)
+
+
+def gated_delta_steps(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+                      state: mx.array) -> tuple[mx.array, "mx.array | list[mx.array]"]:
+    """The gated delta rule over T steps (q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta
+    [B, T, Hv]; state [B, Hv, Dv, Dk] float32) -> (y [B, T, Hv, Dv] in q's dtype, as mlx-lm's
+    loop gives it, and the states after
+    steps 1..T, indexable by step: one [T, B, Hv, Dv, Dk] array from the kernel, so that no
+    op per step is built)."""
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[-2:]
+    if not on_cuda():
+        return _gated_delta_reference(q, k, v, g, beta, state)
+    y, states = _kernel("dflash_gated_delta", ["q", "k", "v", "g", "beta", "state"], ["y", "states"],
+                        _GATED_DELTA_SOURCE)(
+        inputs=[q, k, v, g, beta, state],
+        template=[("DK", Dk), ("YT", q.dtype)],
+        grid=(B * Hv * Dv * 32, 1, 1),
+        threadgroup=(128, 1, 1),
+        output_shapes=[(B, T, Hv, Dv), (T, B, Hv, Dv, Dk)],
+        output_dtypes=[q.dtype, mx.float32],
+    )
+    return y, states
+
+
+def _gated_delta_reference(q, k, v, g, beta, state):
+    Hk, Hv, out_dtype = q.shape[2], v.shape[2], q.dtype
+    if Hv > Hk:
+        q = mx.repeat(q, Hv // Hk, -2)
+        k = mx.repeat(k, Hv // Hk, -2)
+    ys, states = [], []
+    for t in range(q.shape[1]):
+        kt, qt = k[:, t].astype(mx.float32), q[:, t].astype(mx.float32)
+        state = state * g[:, t, :, None, None].astype(mx.float32)
+        kv = (state * kt[..., None, :]).sum(-1)
+        delta = (v[:, t].astype(mx.float32) - kv) * beta[:, t, :, None].astype(mx.float32)
+        state = state + kt[..., None, :] * delta[..., None]
+        ys.append((state * qt[..., None, :]).sum(-1).astype(out_dtype))
+        states.append(state)
+    return mx.stack(ys, axis=1), states
+

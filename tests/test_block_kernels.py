@@ -1,0 +1,228 @@
+"""The block kernels' wiring and the pipelined cycle, on this machine's CPU.
+
+The CUDA kernels themselves run only on MLX's CUDA backend (checked there by
+`python -m dflash_tui.bench.block_kernels`). Here their pure-MLX references
+stand in (DFLASH_TUI_KERNELS=1 forces the "kernel" attention mode and the
+one-launch Gated DeltaNet path), so these tests check what the engine does
+with them: the same arithmetic as MLX's own ops, the engine routing its few-token
+forwards through them (and plain mlx-lm calls not), and greedy output still equal
+to `mlx_lm.stream_generate` with pipelining forced on. The kernel sources are
+compiled with nvcc where it exists.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import mlx.core as mx
+import pytest
+
+from conftest import _build_pair, oracle_proposer, reference_tokens
+from dflash_tui.engine import cuda_kernels as ck
+from dflash_tui.engine import draft as draft_mod
+from dflash_tui.engine import gdn_tape
+from dflash_tui.engine.conversation import Conversation, GenerationSettings
+from dflash_tui.engine.events import Block
+from dflash_tui.engine.loading import load_pair
+from mlx_lm.models import gated_delta as mlx_gd
+
+PROMPT = "def push(self, item): self.items.append(item) " * 8
+
+
+@pytest.fixture()
+def forced(monkeypatch):
+    """Kernels (their references), in-forward pipelining and the lazy draft hand-off, all on."""
+    for var in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_PIPELINE", "DFLASH_TUI_LAZY_DRAFT"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.delenv("DFLASH_TUI_VERIFY", raising=False)
+    calls = {"attention": 0, "gated_delta": 0}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(draft_mod, "block_attention", counting("attention", draft_mod.block_attention))
+    monkeypatch.setattr(gdn_tape, "gated_delta_steps", counting("gated_delta", gdn_tape.gated_delta_steps))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def attention_dirs(tmp_path_factory):
+    # head_dim 32: the kernel's width multiple; 8 layers: two pipelined groups of 4
+    return _build_pair(tmp_path_factory.mktemp("qwen3_hd32"), "qwen3", seed=3, head_dim=32, layers=8)
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory):
+    return _build_pair(tmp_path_factory.mktemp("qwen3_5_hd32"), "qwen3_5", seed=4, head_dim=32, linear_head_dim=32)
+
+
+# -- the references equal MLX's own ops ----------------------------------------------------
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("L", [1, 5, 16])
+def test_block_attention_equals_the_fused_kernel_on_cache_views(causal, L):
+    H, Hkv, D, S, cap = 8, 2, 32, 40, 64
+    mx.random.seed(L)
+    q = mx.random.normal((1, H, L, D))
+    buf_k, buf_v = mx.random.normal((1, Hkv, cap, D)), mx.random.normal((1, Hkv, cap, D))
+    k, v = buf_k[:, :, :S], buf_v[:, :, :S]  # what a KVCache hands out: views of a longer buffer
+    assert ck.block_attention_fits(q, k, v)
+    ours = ck.block_attention(q, k, v, 0.3, causal)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal" if causal else None)
+    assert mx.allclose(ours, ref, atol=1e-5).item()
+
+
+def test_block_attention_refuses_what_it_cannot_take():
+    q = mx.zeros((1, 8, 4, 32))
+    k = mx.zeros((1, 2, 40, 32))
+    assert not ck.block_attention_fits(mx.zeros((1, 8, 17, 32)), k, k)  # more queries than a block
+    assert not ck.block_attention_fits(mx.zeros((1, 8, 4, 16)), mx.zeros((1, 2, 40, 16)), mx.zeros((1, 2, 40, 16)))
+    assert not ck.block_attention_fits(mx.zeros((2, 8, 4, 32)), mx.zeros((2, 2, 40, 32)), mx.zeros((2, 2, 40, 32)))
+    assert not ck.block_attention_fits(q, k.astype(mx.float16), k)
+    assert not ck.block_attention_fits(mx.zeros((1, 6, 4, 32)), mx.zeros((1, 4, 40, 32)), mx.zeros((1, 4, 40, 32)))
+    assert ck.block_attention_fits(q, k, k)
+
+
+def test_gated_delta_steps_equal_mlx_lm_step_by_step():
+    B, T, Hk, Hv, D = 1, 6, 2, 4, 32
+    mx.random.seed(0)
+    q, k = mx.random.normal((B, T, Hk, D)) * 0.2, mx.random.normal((B, T, Hk, D)) * 0.2
+    v = mx.random.normal((B, T, Hv, D))
+    a, b = mx.random.normal((B, T, Hv)), mx.random.normal((B, T, Hv))
+    A_log, dt_bias = mx.random.normal((Hv,)), mx.random.normal((Hv,))
+    state = mx.random.normal((B, Hv, D, D)) * 0.1
+    y_ref, s_ref = mlx_gd.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, use_kernel=False)
+    g, beta = mlx_gd.compute_g(A_log, a, dt_bias), mx.sigmoid(b)
+    assert ck.gated_delta_fits(q, v, g, state, None)
+    y, states = ck.gated_delta_steps(q, k, v, g, beta, state)
+    assert y.dtype == y_ref.dtype
+    assert mx.allclose(y, y_ref, atol=1e-5).item()
+    assert mx.allclose(states[-1], s_ref, atol=1e-5).item()
+    for t in (1, 3):  # the state after t steps is what mlx-lm leaves after the first t tokens
+        _, s_t = mlx_gd.gated_delta_update(q[:, :t], k[:, :t], v[:, :t], a[:, :t], b[:, :t], A_log, dt_bias, state,
+                                           use_kernel=False)
+        assert mx.allclose(states[t - 1], s_t, atol=1e-5).item()
+    assert not ck.gated_delta_fits(q, v, g, state, mx.ones((B, T), mx.bool_))  # masks go to mlx-lm's loop
+
+
+# -- the engine routes its cycles through them, and stays exact ------------------------
+
+def oracle_generate(pair, block_size: int, max_tokens: int, seed: int):
+    conv = Conversation(pair)
+    conv.messages.append({"role": "user", "content": PROMPT})
+    ids = conv.prompt_tokens()
+    conv.messages.clear()
+    ref = reference_tokens(pair, ids, max_tokens)
+    conv.propose = oracle_proposer(ids + ref, error_rate=0.2, seed=seed, vocab=pair.target.vocab_size)
+    events = list(conv.generate(PROMPT, GenerationSettings(max_tokens=max_tokens, block_size=block_size)))
+    return ref, [e for e in events if isinstance(e, Block)], events[-1]
+
+
+@pytest.mark.parametrize("block_size", [2, 4, 8, 16])
+def test_kernel_mode_and_pipelining_match_stream_generate(attention_dirs, forced, block_size):
+    pair = load_pair(str(attention_dirs["target"]), str(attention_dirs["draft"]))
+    target = pair.target
+    assert target.attention_mode == "kernel" and pair.draft.attention_mode == "kernel"
+    assert target.flush_every > 0 and target.hooked_ids  # layers that start evaluation mid-forward
+    ref, blocks, done = oracle_generate(pair, block_size, 120, seed=block_size)
+    assert len(ref) == 120 and done.tokens == ref
+    assert forced["attention"] > len(blocks)  # every verify and draft forward attended through it
+    if block_size > 2:
+        assert {b.accepted for b in blocks if b.drafted} >= {0}
+        assert any(0 < b.accepted < len(b.drafted) for b in blocks)
+
+
+def test_plain_mlx_lm_calls_stay_on_mlx_ops(attention_dirs, forced):
+    pair = load_pair(str(attention_dirs["target"]), str(attention_dirs["draft"]))
+    list(Conversation(pair).generate("hello", GenerationSettings(max_tokens=8, block_size=4)))
+    before = dict(forced)
+    reference_tokens(pair, list(range(3, 40)), 20)  # mlx-lm's own generation on the same model
+    assert forced == before
+    assert not any(getattr(layer, "_dflash_flush", False) for layer in pair.target.layers)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_hybrid_kernel_path_matches_stream_generate(hybrid_dirs, forced, block_size):
+    pair = load_pair(str(hybrid_dirs["target"]), str(hybrid_dirs["draft"]))
+    ref, blocks, done = oracle_generate(pair, block_size, 100, seed=10 + block_size)
+    assert done.tokens == ref
+    assert any(0 < b.accepted < len(b.drafted) for b in blocks)  # rollbacks to states inside the block
+    cycles = [b for b in blocks if b.verify_ms > 0]  # the first Block is the prefill's own token
+    assert forced["gated_delta"] >= len(cycles) * len(pair.target.linear_ids)
+
+
+def test_lazy_draft_keeps_the_phase_times_adding_up(attention_dirs, forced):
+    pair = load_pair(str(attention_dirs["target"]), str(attention_dirs["draft"]))
+    events = list(Conversation(pair).generate(PROMPT, GenerationSettings(max_tokens=40, block_size=8)))
+    done = events[-1]
+    blocks = [e for e in events if isinstance(e, Block) and e.index > 0]  # index 0: the prefill's token
+    assert blocks and all(b.draft_ms > 0 and b.verify_ms > 0 for b in blocks if b.drafted)
+    phases = sum(b.draft_ms + b.verify_ms + b.rollback_ms for b in blocks) / 1e3
+    assert 0 < phases <= done.stats["decode_s"] * 1.05
+
+
+def test_cycle_cost_compares_setups_side_by_side(capsys):
+    import json
+
+    from dflash_tui.bench import cycle_cost
+
+    assert cycle_cost.main(["--shape", "tiny", "--block-size", "4", "--tokens", "12", "--prompt", "16",
+                            "--setups", "engine", "mlx-ops", "kernels", "--repeat", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops", "kernels"] * 2
+    kernels = [r for r in report["rows"] if r["setup"] == "kernels"]
+    assert all(r["attention"] == "kernel" and r["kernels"] for r in kernels)
+    assert all(r["attention"] == "plain" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
+    assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4", "kernels b4"}
+    assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
+
+
+# -- the CUDA sources compile (where nvcc is) ------------------------------------------------
+
+_STUB = """
+#include <cooperative_groups.h>
+#include <cuda/std/array>
+namespace mlx { namespace core { namespace cu {
+using Shape = cuda::std::array<int32_t, 10>;
+using Strides = cuda::std::array<int64_t, 10>;
+}}}
+"""
+
+
+def _wrapped(source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], consts: list[str]) -> str:
+    """The kernel as MLX's cuda_kernel wraps it: generated signature, template constants, body."""
+    args = []
+    for name, ctype in inputs:
+        args.append(f"const {ctype}* {name}")
+        for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
+            if re.search(rf"\b{name}{suffix}\b", source):
+                args.append(f"const __grid_constant__ {kind} {name}{suffix}")
+    args += [f"{ctype}* {name}" for name, ctype in outputs]
+    body = "\n".join(f"  {c};" for c in consts) + source
+    return (_STUB + ck._HEADER + "namespace mlx { namespace core { namespace cu {\n"
+            + f"__global__ void k({', '.join(args)}) {{\n{body}\n}}\n}}}}}}\n")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "gated-delta"])
+def test_kernel_sources_compile(tmp_path, kernel):
+    bf = "__nv_bfloat16"
+    if kernel.startswith("attention"):
+        D = kernel.split("-")[1]
+        src = _wrapped(ck._ATTENTION_SOURCE, [("q", bf), ("k", bf), ("v", bf)], [("out", bf)],
+                       [f"using T = {bf}", f"constexpr int D = {D}", "constexpr bool CAUSAL = true",
+                        f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}"])
+    else:
+        src = _wrapped(ck._GATED_DELTA_SOURCE, [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf),
+                                                ("state", "float")], [("y", bf), ("states", "float")],
+                       ["constexpr int DK = 128", f"using YT = {bf}"])
+    path = tmp_path / "k.cu"
+    path.write_text(src)
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
