@@ -215,7 +215,7 @@ def test_kernel_sources_compile(tmp_path, kernel):
     if kernel.startswith("attention"):
         D = kernel.split("-")[1]
         src = _wrapped(ck._ATTENTION_SOURCE, [("q", bf), ("k", bf), ("v", bf)], [("out", bf)],
-                       [f"using T = {bf}", f"constexpr int D = {D}", "constexpr bool CAUSAL = true",
+                       [f"using T = {bf}", f"constexpr int D = {D}", "constexpr int G = 4", "constexpr int WARPS = 8", "constexpr bool CAUSAL = true",
                         f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}"])
     else:
         src = _wrapped(ck._GATED_DELTA_SOURCE, [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf),

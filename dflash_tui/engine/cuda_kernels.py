@@ -42,84 +42,104 @@ __device__ __forceinline__ float dflash_warp_sum(float v) {
 }
 """
 
-# One block per (head, query). Its warps take the keys in turns of U at a time (U loads
-# in flight per lane, U dot products reduced together), keep a running maximum and sum,
-# then combine through shared memory. k/v may be views into a cache's buffers.
+# One block per (KV head, query): the G query heads that share the KV head are done together,
+# so each key and value row is read once for all of them. The block's warps take the keys in
+# turns of U (U loads in flight per lane, U x G dot products reduced together), keep a running
+# maximum and sum per head, then combine through shared memory. k/v may be views into a
+# cache's buffers (read in place through their strides).
 _ATTENTION_SOURCE = """
-  constexpr int WARPS = 8;
-  constexpr int U = 4;
+  constexpr int U = 2;
   constexpr int PER = D / 32;
   // sizes and strides arrive as kernel arguments (no small arrays to copy to the device)
-  const int H = q_shape[1], L = q_shape[2], Hkv = k_shape[1], S = k_shape[2];
-  const int pair = blockIdx.x;
-  const int h = pair / L, l = pair % L;
-  const int hk = h / (H / Hkv);
+  const int L = q_shape[2], S = k_shape[2];
+  const int hk = blockIdx.x / L, l = blockIdx.x % L;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const float sc = __int_as_float(SCALE_BITS);
-  const T* qb = q + h * q_strides[1] + l * q_strides[2];
-  float qv[PER];
+  float qv[G][PER], acc[G][PER], m_run[G], l_run[G];
 #pragma unroll
-  for (int i = 0; i < PER; i++) qv[i] = dflash_f(qb[(lane + 32 * i) * q_strides[3]]) * sc;
+  for (int g = 0; g < G; g++) {
+    const T* qb = q + (hk * G + g) * q_strides[1] + l * q_strides[2];
+#pragma unroll
+    for (int i = 0; i < PER; i++) { qv[g][i] = dflash_f(qb[(lane + 32 * i) * q_strides[3]]) * sc; acc[g][i] = 0.f; }
+    m_run[g] = __int_as_float(0xff800000);  // -infinity
+    l_run[g] = 0.f;
+  }
   const int last = CAUSAL ? (S - L + l) : (S - 1);
   const T* kb = k + hk * k_strides[1];
   const T* vb = v + hk * v_strides[1];
   const int64_t k_row = k_strides[2], v_row = v_strides[2], k_col = k_strides[3], v_col = v_strides[3];
-  float m_run = __int_as_float(0xff800000), l_run = 0.f, acc[PER];  // m_run = -infinity
-#pragma unroll
-  for (int i = 0; i < PER; i++) acc[i] = 0.f;
   for (int s0 = warp * U; s0 <= last; s0 += WARPS * U) {
-    float dot[U];
+    float dot[U][G];
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int s = min(s0 + u, last);
-      float d = 0.f;
+      float kv[PER];
 #pragma unroll
-      for (int i = 0; i < PER; i++) d += qv[i] * dflash_f(kb[s * k_row + (lane + 32 * i) * k_col]);
-      dot[u] = d;
+      for (int i = 0; i < PER; i++) kv[i] = dflash_f(kb[s * k_row + (lane + 32 * i) * k_col]);
+#pragma unroll
+      for (int g = 0; g < G; g++) {
+        float d = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER; i++) d += qv[g][i] * kv[i];
+        dot[u][g] = d;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
-      for (int u = 0; u < U; u++) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], o);
-    float m_new = m_run;
+      for (int u = 0; u < U; u++)
 #pragma unroll
-    for (int u = 0; u < U; u++) if (s0 + u <= last) m_new = fmaxf(m_new, dot[u]);
-    const float corr = __expf(m_run - m_new);
-    l_run *= corr;
+        for (int g = 0; g < G; g++) dot[u][g] += __shfl_xor_sync(0xffffffffu, dot[u][g], o);
+    float p[U][G];
 #pragma unroll
-    for (int i = 0; i < PER; i++) acc[i] *= corr;
+    for (int g = 0; g < G; g++) {
+      float m_new = m_run[g];
+#pragma unroll
+      for (int u = 0; u < U; u++) if (s0 + u <= last) m_new = fmaxf(m_new, dot[u][g]);
+      const float corr = __expf(m_run[g] - m_new);
+      l_run[g] *= corr;
+#pragma unroll
+      for (int i = 0; i < PER; i++) acc[g][i] *= corr;
+#pragma unroll
+      for (int u = 0; u < U; u++) { p[u][g] = s0 + u <= last ? __expf(dot[u][g] - m_new) : 0.f; l_run[g] += p[u][g]; }
+      m_run[g] = m_new;
+    }
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (s0 + u <= last) {
-        const float p = __expf(dot[u] - m_new);
-        l_run += p;
         const int64_t row = (s0 + u) * v_row;
 #pragma unroll
-        for (int i = 0; i < PER; i++) acc[i] += p * dflash_f(vb[row + (lane + 32 * i) * v_col]);
+        for (int i = 0; i < PER; i++) {
+          const float vv = dflash_f(vb[row + (lane + 32 * i) * v_col]);
+#pragma unroll
+          for (int g = 0; g < G; g++) acc[g][i] += p[u][g] * vv;
+        }
       }
     }
-    m_run = m_new;
   }
-  __shared__ float sm_m[WARPS], sm_l[WARPS];
-  __shared__ float sm_acc[WARPS][D];
-  if (lane == 0) { sm_m[warp] = m_run; sm_l[warp] = l_run; }
+  __shared__ float sm_m[WARPS][G], sm_l[WARPS][G];
+  __shared__ float sm_acc[WARPS][G][D];
 #pragma unroll
-  for (int i = 0; i < PER; i++) sm_acc[warp][lane + 32 * i] = acc[i];
+  for (int g = 0; g < G; g++) {
+    if (lane == 0) { sm_m[warp][g] = m_run[g]; sm_l[warp][g] = l_run[g]; }
+#pragma unroll
+    for (int i = 0; i < PER; i++) sm_acc[warp][g][lane + 32 * i] = acc[g][i];
+  }
   __syncthreads();
-  if (warp == 0) {
-    float mx_all = sm_m[0];
+  for (int g = warp; g < G; g += WARPS) {  // one warp writes each head's output
+    float mx_all = sm_m[0][g];
 #pragma unroll
-    for (int w = 1; w < WARPS; w++) mx_all = fmaxf(mx_all, sm_m[w]);
+    for (int w = 1; w < WARPS; w++) mx_all = fmaxf(mx_all, sm_m[w][g]);
     float wts[WARPS], total = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; w++) { wts[w] = sm_l[w] > 0.f ? __expf(sm_m[w] - mx_all) : 0.f; total += sm_l[w] * wts[w]; }
+    for (int w = 0; w < WARPS; w++) { wts[w] = sm_l[w][g] > 0.f ? __expf(sm_m[w][g] - mx_all) : 0.f; total += sm_l[w][g] * wts[w]; }
 #pragma unroll
     for (int i = 0; i < PER; i++) {
       const int d = lane + 32 * i;
       float o = 0.f;
 #pragma unroll
-      for (int w = 0; w < WARPS; w++) o += sm_acc[w][d] * wts[w];
-      out[((size_t)h * L + l) * D + d] = T(o / total);
+      for (int w = 0; w < WARPS; w++) o += sm_acc[w][g][d] * wts[w];
+      out[(((size_t)hk * G + g) * L + l) * D + d] = T(o / total);
     }
   }
 """
@@ -201,7 +221,17 @@ def block_attention_fits(q: mx.array, keys: mx.array, values: mx.array) -> bool:
     D = q.shape[3]
     return (keys.shape[3] == D and values.shape[3] == D and D % 32 == 0 and D <= 256 and _dtype_fits(q.dtype)
             and keys.dtype == q.dtype and values.dtype == q.dtype and q.shape[1] % keys.shape[1] == 0
-            and keys.shape[2] >= q.shape[2])
+            and keys.shape[2] >= q.shape[2] and _attention_warps(q, keys) > 0)
+
+
+def _attention_warps(q: mx.array, keys: mx.array) -> int:
+    """Warps per block: more for long caches (more keys in flight), as many as the combine
+    step's shared memory (warps x G x D floats) allows; 0 if not even 4 fit."""
+    G, D = q.shape[1] // keys.shape[1], q.shape[3]
+    for warps in ((16, 8, 4) if keys.shape[2] >= 512 else (8, 4)):
+        if warps * G * D * 4 <= 40_000:
+            return warps
+    return 0
 
 
 def _float_bits(x: float) -> int:
@@ -215,11 +245,13 @@ def block_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
     _, H, L, D = q.shape
     if not on_cuda():
         return _attention_reference(q, keys, values, scale, causal)
+    Hkv, warps = keys.shape[1], _attention_warps(q, keys)
     return _kernel("dflash_block_attention", ["q", "k", "v"], ["out"], _ATTENTION_SOURCE, contiguous=False)(
         inputs=[q, keys, values],
-        template=[("T", q.dtype), ("D", D), ("CAUSAL", bool(causal)), ("SCALE_BITS", _float_bits(scale))],
-        grid=(H * L * 256, 1, 1),
-        threadgroup=(256, 1, 1),
+        template=[("T", q.dtype), ("D", D), ("G", H // Hkv), ("WARPS", warps), ("CAUSAL", bool(causal)),
+                  ("SCALE_BITS", _float_bits(scale))],
+        grid=(Hkv * L * 32 * warps, 1, 1),
+        threadgroup=(32 * warps, 1, 1),
         output_shapes=[q.shape],
         output_dtypes=[q.dtype],
     )[0]
