@@ -166,10 +166,14 @@ def test_lazy_draft_keeps_the_phase_times_adding_up(attention_dirs, forced):
     assert 0 < phases <= done.stats["decode_s"] * 1.05
 
 
-def test_cycle_cost_compares_setups_side_by_side(capsys):
+def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
     import json
+    import os
 
     from dflash_tui.bench import cycle_cost
+
+    monkeypatch.delenv("DFLASH_TUI_KERNELS", raising=False)
+    monkeypatch.setenv("DFLASH_TUI_LAZY_DRAFT", "0")
 
     assert cycle_cost.main(["--shape", "tiny", "--block-size", "4", "--tokens", "12", "--prompt", "16",
                             "--setups", "engine", "mlx-ops", "kernels", "--repeat", "2", "--json"]) == 0
@@ -180,6 +184,8 @@ def test_cycle_cost_compares_setups_side_by_side(capsys):
     assert all(r["attention"] == "plain" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
     assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4", "kernels b4"}
     assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
+    # the setups' switches are process-wide: the run gives them back as it found them
+    assert "DFLASH_TUI_KERNELS" not in os.environ and os.environ["DFLASH_TUI_LAZY_DRAFT"] == "0"
 
 
 # -- the CUDA sources compile (where nvcc is) ------------------------------------------------

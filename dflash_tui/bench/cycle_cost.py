@@ -128,6 +128,22 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
 
 
+def _measure_setups(target: Target, draft: DFlashDraft, args: argparse.Namespace, defaults: dict[str, Any]) -> list:
+    rows: list[dict[str, Any]] = []
+    for _ in range(args.repeat):
+        for name in args.setups or [None]:
+            setup = apply_setup(target, draft, name, defaults) if name else {}
+            for b in args.block_size:
+                rows.append({**setup, **measure(target, draft, b, args.prompt, args.tokens)})
+                if not args.json:
+                    r = rows[-1]
+                    print(f"{r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
+                          f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle (draft "
+                          f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)",
+                          flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -161,17 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     rows = []
-    for _ in range(args.repeat):
-        for name in args.setups or [None]:
-            setup = apply_setup(target, draft, name, defaults) if name else {}
-            for b in args.block_size:
-                rows.append({**setup, **measure(target, draft, b, args.prompt, args.tokens)})
-                if not args.json:
-                    r = rows[-1]
-                    print(f"{r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
-                          f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle (draft "
-                          f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)",
-                          flush=True)
+    saved_env = {k: os.environ.get(k) for k in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_LAZY_DRAFT")}
+    try:
+        rows = _measure_setups(target, draft, args, defaults)
+    finally:  # setups switch process-wide variables: give them back (callers may run on)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     summary = {}
     for r in rows:
         summary.setdefault(f"{r.get('setup', 'run')} b{r['block_size']}", []).append(r["steps_per_cycle"])
