@@ -17,6 +17,7 @@ from typing import Any, Optional, Union
 
 import mlx.core as mx
 
+from dflash_tui.engine import cpu_linear
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done
 from dflash_tui.engine.loading import Pair
@@ -128,6 +129,8 @@ def bench(pair: Pair, prompts: list[list[int]], max_tokens: int = 256, runs: int
         "machine": machine_info(),
         "target": pair.target_name,
         "draft": pair.draft_name,
+        # the kernels both decoders ran: the swap is on the model object the baseline runs too
+        "matmul": {"target": cpu_linear.describe(pair.target.model), "draft": cpu_linear.describe(pair.draft)},
         "settings": {"max_tokens": max_tokens, "runs": runs, "cooldown_s": cooldown, "block_size": block_size, "temperature": temperature},
         "results": results,
         "summary": {
@@ -151,6 +154,7 @@ def format_table(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [f"{report['target']}  <-  {report['draft']}",
              f"{m['device']} ({m['backend']}), mlx {m['mlx']}, mlx-lm {m['mlx-lm']}, commit {m['commit']}",
+             f"matmuls: target {report['matmul']['target']}, draft {report['matmul']['draft']} (baseline: the same model object)",
              f"max_tokens {report['settings']['max_tokens']}, block {report['settings']['block_size']}, median of {report['settings']['runs']}", "",
              f"{'prompt':>6} {'base tok/s':>10} {'dflash tok/s':>12} {'speedup':>8} {'tok/cycle':>9} {'accept':>7} {'ttft ms':>8} {'peak MB':>8} {'same':>5}  draft/verify/rollback/host ms"]
     for i, r in enumerate(report["results"]):

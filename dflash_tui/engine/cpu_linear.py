@@ -1,0 +1,567 @@
+"""Matrix products through numpy's BLAS on MLX's CPU backend.
+
+The mlx[cpu] wheel for Linux links the netlib *reference* BLAS: its matmuls run
+at ~2 GFLOP/s, so a forward's cost grows with the tokens in it and a 16-token
+verify costs several single-token steps. numpy ships OpenBLAS, 20-50x faster
+here. `use_numpy` swaps, per instance (the way `engine/target.py` swaps layer
+classes), a model's `nn.Linear` layers, its tied head (`Embedding.as_linear`),
+its SwiGLU MLPs (one trip to numpy each) and its attention for subclasses that
+compute in numpy on fp32 copies of the weights and hand back an `mx.array`; the
+DFlash draft gets a whole numpy forward (its KV caches stay MLX's). Quantized
+layers are left alone.
+
+Two flavours:
+
+- exact (the target): every row of a product is computed by the same BLAS
+  calls whatever the number of rows in the forward (one gemv per row, over
+  cache-sized slabs of the weight), and each query attends over exactly its
+  visible keys. A verify's row is then, bit for bit, the single step that
+  would have produced it, so greedy DFlash equals the target alone. (A gemm
+  over 16 rows and a gemv over one round differently; in bf16 that flipped
+  tokens in 2 of 8 demo replies.) The price: each extra row re-reads the
+  weights from L2, ~1.5 ms per verify row for the demo target.
+- fast (the draft): one gemm per product and batched attention; the draft's
+  rounding only changes what it proposes, never the output.
+
+Swapping the model object itself means `mlx_lm.stream_generate` on it (the
+bench's baseline) runs exactly the same kernels as the engine. The products
+carry no gradients: training keeps MLX's own (see loading.load_target).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import types
+from typing import Callable, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+ENV = "DFLASH_TUI_CPU_MATMUL"
+MODES = ("auto", "numpy", "mlx")
+# bytes of one weight slab: a row's gemv over it leaves it in L2 for the next row
+SLAB_BYTES = 1536 * 1024
+# auto mode keeps the fp32 copies under this share of the memory available at load
+MEMORY_SHARE = 0.25
+
+
+# -- when ---------------------------------------------------------------------
+
+def on_cpu_backend() -> bool:
+    """MLX runs on its CPU backend with the reference BLAS (Linux wheels; macOS has Accelerate)."""
+    return mx.default_device() == mx.cpu and sys.platform != "darwin"
+
+
+def resolve_mode(mode: Optional[str] = None) -> str:
+    """`mode`, else $DFLASH_TUI_CPU_MATMUL, else "auto"; one of MODES (raises ValueError)."""
+    value = (mode or os.environ.get(ENV, "") or "auto").strip().lower()
+    value = {"on": "numpy", "1": "numpy", "off": "mlx", "0": "mlx"}.get(value, value)
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def extra_bytes(*modules: nn.Module) -> int:
+    """Memory the fp32 copies would add (fp32 weights are used in place)."""
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        for _, m in module.named_modules():
+            if type(m) in (nn.Linear, nn.Embedding) and id(m) not in seen and m.weight.dtype != mx.float32:
+                seen.add(id(m))
+                total += m.weight.size * 4
+    return total
+
+
+def wanted(mode: Optional[str], *modules: nn.Module) -> bool:
+    """Whether to swap `modules` under `mode` (see resolve_mode): never off MLX's CPU backend;
+    in auto mode only while their fp32 copies fit in MEMORY_SHARE of the available memory."""
+    mode = resolve_mode(mode)
+    if mode == "mlx" or not on_cpu_backend():
+        return False
+    if mode == "numpy":
+        return True
+    import psutil
+
+    return extra_bytes(*modules) <= MEMORY_SHARE * psutil.virtual_memory().available
+
+
+def blas_name() -> str:
+    """numpy's BLAS, e.g. "scipy-openblas 0.3.31"."""
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas.get('name', 'blas')} {blas.get('version', '')}".strip()
+    except Exception:  # show_config's layout is not a stable API
+        return "numpy blas"
+
+
+def single_thread_blas() -> bool:
+    """Run numpy's OpenBLAS on one thread (unless $OPENBLAS_NUM_THREADS says otherwise): these
+    products are small, and a second thread waiting on a busy core stalls a call for ms.
+    numpy has no API for it; returns whether the library was found."""
+    if os.environ.get("OPENBLAS_NUM_THREADS") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and line.rstrip().endswith(".so")}
+    except OSError:
+        return False
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn(ctypes.c_int(1))
+                return True
+    return False
+
+
+# -- host arrays --------------------------------------------------------------
+
+_local = threading.local()
+
+
+def _host(a: mx.array, remember: bool = False) -> np.ndarray:
+    """An fp32 numpy view of `a` (evaluated; bf16/fp16 converted by MLX first). With `remember`,
+    the last one is kept: the q/k/v projections of one input convert it once."""
+    last = getattr(_local, "last", None)
+    if remember and last is not None and last[0] is a:
+        return last[1]
+    h = np.asarray(a if a.dtype == mx.float32 else a.astype(mx.float32))
+    # holds `a`, so its id cannot be reused while it is remembered
+    _local.last = (a, h) if remember else None
+    return h
+
+
+def _device(y: np.ndarray, lead: tuple, dtype: mx.Dtype) -> mx.array:
+    out = mx.array(y).reshape(*lead, y.shape[-1])
+    return out if dtype == mx.float32 else out.astype(dtype)
+
+
+# -- products -----------------------------------------------------------------
+
+class _Weight:
+    """fp32 [N, K] numpy copy of a weight (a view of it when it is fp32 already), and its slabs."""
+
+    def __init__(self, w: np.ndarray, bias: Optional[np.ndarray] = None, source=None, bias_source=None):
+        self.source, self.bias_source = source, bias_source  # a replaced weight is copied again
+        self.w = np.ascontiguousarray(w, dtype=np.float32)
+        self.bias = bias
+        n, k = self.w.shape
+        rows = max(16, (SLAB_BYTES // (4 * k)) // 16 * 16)
+        self.slabs = [self.w[i : i + rows] for i in range(0, n, rows)]  # contiguous views
+
+    @classmethod
+    def of(cls, w: mx.array, bias: Optional[mx.array] = None) -> "_Weight":
+        host = np.asarray(w if w.dtype == mx.float32 else w.astype(mx.float32))
+        return cls(host, None if bias is None else np.array(bias.astype(mx.float32)), w, bias)
+
+    def exact(self, x: np.ndarray) -> np.ndarray:
+        """x [M, K] -> [M, N]: one gemv per row and slab, the same calls for any M."""
+        y = self._gemv(x)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+    def _gemv(self, x: np.ndarray) -> np.ndarray:
+        x3 = np.ascontiguousarray(x)[:, :, None]
+        if len(self.slabs) == 1:
+            return np.matmul(self.w, x3)[:, :, 0]
+        return np.concatenate([np.matmul(s, x3)[:, :, 0] for s in self.slabs], axis=1)
+
+    def fast(self, x: np.ndarray) -> np.ndarray:
+        """x [M, K] -> [M, N] in one gemm, the weight as BLAS's packed operand (faster for few rows
+        than the other operand order or a gemv per row, in the forwards measured here)."""
+        m = x.shape[0]
+        if m > 2 and m % 4:
+            # OpenBLAS takes a row count that is not a multiple of 4 slowly: 7 rows cost ~1.7x 8
+            x = np.concatenate([x, np.zeros((-m % 4, x.shape[1]), np.float32)])
+        y = np.matmul(self.w, x.T).T[:m]
+        return y if self.bias is None else y + self.bias
+
+    def __call__(self, x: np.ndarray, exact: bool) -> np.ndarray:
+        return self.exact(x) if exact else self.fast(x)
+
+
+def _weight(module: nn.Module) -> _Weight:
+    cache = module.__dict__.get("_dflash_np")
+    bias = module.get("bias") if isinstance(module, nn.Linear) else None
+    if cache is None or cache.source is not module.weight or cache.bias_source is not bias:
+        cache = _Weight.of(module.weight, bias)
+        object.__setattr__(module, "_dflash_np", cache)  # a plain attribute: stays out of parameters()
+    return cache
+
+
+def _stacked(owner: nn.Module, key: str, parts: tuple) -> _Weight:
+    """The weights of `parts` (bias-free Linear layers with one input) stacked by rows, kept on `owner`."""
+    sources = tuple(p.weight for p in parts)
+    cache = owner.__dict__.get(key)
+    if cache is None or any(a is not b for a, b in zip(cache[0], sources)):
+        cache = (sources, _Weight(np.concatenate([_weight(p).w for p in parts], axis=0)))
+        object.__setattr__(owner, key, cache)
+    return cache[1]
+
+
+def _rows(w: _Weight, x: np.ndarray) -> np.ndarray:
+    """x [..., K] @ w.T (the fast flavour)."""
+    lead = x.shape[:-1]
+    return w.fast(x.reshape(-1, x.shape[-1])).reshape(*lead, -1)
+
+
+def _product(module: nn.Module, x: mx.array, exact: bool) -> mx.array:
+    k = x.shape[-1]
+    y = _weight(module)(_host(x, remember=True).reshape(-1, k), exact)
+    return _device(y, x.shape[:-1], mx.result_type(x, module.weight))
+
+
+class NumpyLinear(nn.Linear):
+    """nn.Linear computed by numpy's BLAS (exact or fast, per instance). An untied head
+    (`lm_head`) is exact except right after the draft's forward, like NumpyEmbedding.as_linear."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        exact = self.__dict__.get("_dflash_exact", True)
+        if self.__dict__.get("_dflash_head", False):
+            exact = exact and not _draft_read_out()
+        elif exact:
+            _local.draft_head = False  # a target layer: the target's forward is running
+        return _product(self, x, exact)
+
+
+def _draft_read_out() -> bool:
+    """Whether this head call reads out the draft's forward (see NumpyEmbedding); once only."""
+    mine = getattr(_local, "draft_head", False)
+    _local.draft_head = False
+    return mine
+
+
+class NumpyEmbedding(nn.Embedding):
+    """nn.Embedding whose `as_linear` (a tied head) is computed by numpy's BLAS; lookups stay MLX's.
+
+    The head is shared by the target and the draft, which reads out through it
+    right after its forward: that one call needs no exact rows (the draft's forward
+    sets a flag; the head call takes it; any start of a target forward drops it)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        _local.draft_head = False  # every forward, the target's or the draft's, starts here
+        return super().__call__(x)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        exact = self.__dict__.get("_dflash_exact", True) and not _draft_read_out()
+        return _product(self, x, exact)
+
+
+# -- SwiGLU MLPs ----------------------------------------------------------------
+
+# the bytecode names of `down(silu(gate(x)) * up(x))` as mlx-lm's and the draft's MLPs write it
+_SWIGLU_NAMES = {("down_proj", "swiglu", "gate_proj", "up_proj"), ("down_proj", "nn", "silu", "gate_proj", "up_proj")}
+
+
+def _is_swiglu_mlp(cls: type) -> bool:
+    code = getattr(cls.__call__, "__code__", None)
+    return code is not None and code.co_names in _SWIGLU_NAMES
+
+
+def _mlp_host(mlp: nn.Module, x: np.ndarray, exact: bool) -> np.ndarray:
+    """down(silu(gate(x)) * up(x)) on host rows x [..., K]; the fast flavour projects gate and
+    up in one gemm."""
+    lead = x.shape[:-1]
+    x = x.reshape(-1, x.shape[-1])
+    if exact:
+        g, u = _weight(mlp.gate_proj).exact(x), _weight(mlp.up_proj).exact(x)
+    else:
+        gu = _stacked(mlp, "_dflash_gate_up", (mlp.gate_proj, mlp.up_proj)).fast(x)
+        g, u = gu[:, : gu.shape[1] // 2], gu[:, gu.shape[1] // 2 :]
+    # silu(g) * u = g * u / (1 + exp(-g)), elementwise: each row's values whatever the rows
+    a = np.exp(-g)
+    a += 1.0
+    return _weight(mlp.down_proj)(g * u / a, exact).reshape(*lead, -1)
+
+
+def _mlp_call(self, x: mx.array) -> mx.array:
+    """down(silu(gate(x)) * up(x)) in one trip to numpy (the MLX path rounds gate/up to the
+    model's dtype in between; this keeps them in fp32)."""
+    gate, up, down = self.gate_proj, self.up_proj, self.down_proj
+    if not all(type(m) is NumpyLinear for m in (gate, up, down)):
+        return type(self)._dflash_numpy_base.__call__(self, x)
+    exact = self.__dict__.get("_dflash_exact", True)
+    if exact:
+        _local.draft_head = False  # a target layer: the target's forward is running
+    y = _mlp_host(self, _host(x), exact)
+    return _device(y.reshape(-1, y.shape[-1]), x.shape[:-1], mx.result_type(x, gate.weight, up.weight, down.weight))
+
+
+# -- attention ----------------------------------------------------------------
+
+def attend(qf: np.ndarray, kf: np.ndarray, vf: np.ndarray, scale: float, causal: bool, exact: bool) -> np.ndarray:
+    """softmax(q k^T * scale) v with GQA on host arrays: q [B, H, L, D], k/v [B, Hkv, S, D] -> [B, H, L, D].
+
+    `causal`: the L queries are the last L of the S positions. `exact`: each query
+    attends over exactly its visible keys with the shapes a lone query there would
+    have (the same BLAS calls and reductions), so its result does not depend on L."""
+    B, H, L, D = qf.shape
+    Hkv, S = kf.shape[1], kf.shape[2]
+    G = H // Hkv
+    qf = qf.reshape(B, Hkv, G, L, D) * np.float32(scale)
+    if not exact:
+        s = np.matmul(qf.reshape(B, Hkv, G * L, D), kf.swapaxes(-1, -2))
+        if causal and L > 1:
+            allowed = np.arange(S)[None] <= (S - L + np.arange(L))[:, None]
+            s = np.where(np.tile(allowed, (G, 1)), s, np.float32(-np.inf))
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        return (np.matmul(s, vf) / s.sum(-1, keepdims=True)).reshape(B, H, L, D)
+    qf = np.ascontiguousarray(qf.transpose(0, 1, 3, 2, 4))  # [B, Hkv, L, G, D]: a query's G rows contiguous
+    out = np.empty((B, Hkv, L, G, D), np.float32)
+    for i in range(L):
+        n = S - L + i + 1 if causal else S
+        s = np.matmul(qf[:, :, i], kf[:, :, :n].swapaxes(-1, -2))  # [B, Hkv, G, n]
+        s -= s.max(-1, keepdims=True)
+        np.exp(s, out=s)
+        out[:, :, i] = np.matmul(s, vf[:, :, :n]) / s.sum(-1, keepdims=True)
+    return out.transpose(0, 1, 3, 2, 4).reshape(B, H, L, D)
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, exact: bool) -> mx.array:
+    """`attend` on MLX arrays (q [B, H, L, D], k/v [B, Hkv, S, D]); the result in q's dtype."""
+    return mx.array(attend(_host(q), _host(k), _host(v), scale, causal, exact)).astype(q.dtype)
+
+
+def _numpy_sdpa(original: Callable, exact: bool) -> Callable:
+    """mlx-lm's `scaled_dot_product_attention` with the plain cases (no mask array, sinks or
+    quantized cache) computed by `attention`."""
+
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if exact:
+            _local.draft_head = False  # a target layer: the target's forward is running
+        if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        return attention(queries, keys, values, scale, causal=mask == "causal", exact=exact)
+
+    return sdpa
+
+
+def _numpy_mqa(original: Callable, exact: bool) -> Callable:
+    """The draft's `multi_query_attention(mode, q, keys, values, cache, scale, causal)` with the
+    fused mode (MLX's own kernel) computed by `attention`; other modes, chosen on purpose, stay."""
+
+    def mqa(mode, q, keys, values, cache, scale, causal=False):
+        if mode != "fused":
+            return original(mode, q, keys, values, cache, scale, causal=causal)
+        return attention(q, keys, values, scale, causal=causal, exact=exact)
+
+    return mqa
+
+
+# global name an attention class's __call__ calls -> its numpy replacement
+_ATTENTION_HOOKS: dict[str, Callable[[Callable, bool], Callable]] = {
+    "scaled_dot_product_attention": _numpy_sdpa,
+    "multi_query_attention": _numpy_mqa,
+}
+
+
+# -- the draft: a numpy forward ------------------------------------------------
+
+def _rms_norm(x: np.ndarray, norm: nn.Module) -> np.ndarray:
+    w = _weight_vector(norm)
+    return x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(norm.eps)) * w
+
+
+def _weight_vector(module: nn.Module) -> np.ndarray:
+    cache = module.__dict__.get("_dflash_np")
+    if cache is None or cache[0] is not module.weight:
+        cache = (module.weight, np.array(module.weight.astype(mx.float32)))
+        object.__setattr__(module, "_dflash_np", cache)
+    return cache[1]
+
+
+def _rope(x: np.ndarray, rope: nn.Module, offset: int) -> np.ndarray:
+    """nn.RoPE (rotate-half form) on x [B, H, L, D], positions offset..offset+L-1."""
+    half = rope.dims // 2
+    inv = np.power(np.float32(rope.base), -np.arange(0, rope.dims, 2, dtype=np.float32) / np.float32(rope.dims))
+    theta = ((offset + np.arange(x.shape[2], dtype=np.float32)) * np.float32(rope.scale))[:, None] * inv
+    cos, sin = np.cos(theta), np.sin(theta)
+    x1, x2 = x[..., :half], x[..., half : rope.dims]
+    out = x.copy()
+    out[..., :half] = x1 * cos - x2 * sin
+    out[..., half : rope.dims] = x1 * sin + x2 * cos
+    return out
+
+
+def _heads(y: np.ndarray, n: int) -> np.ndarray:
+    """[B, L, n*D] -> [B, n, L, D]."""
+    B, L, _ = y.shape
+    return y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
+
+
+def _draft_numpy_ok(draft: nn.Module) -> bool:
+    """The numpy forward covers the draft when all its parts are the plain kinds it implements
+    and its attention runs MLX's fused kernel (another mode is one chosen on purpose)."""
+    for layer in draft.layers:
+        a = layer.self_attn
+        if getattr(a, "mode", "fused") != "fused":
+            return False
+        parts = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        if not all(type(m) is NumpyLinear and "bias" not in m for m in parts) or type(a.rope) is not nn.RoPE \
+                or a.rope.traditional or not all(type(n) is nn.RMSNorm for n in (a.q_norm, a.k_norm, layer.input_layernorm,
+                                                                                  layer.post_attention_layernorm)):
+            return False
+    return type(draft.fc) is NumpyLinear and type(draft.norm) is nn.RMSNorm and type(draft.hidden_norm) is nn.RMSNorm
+
+
+def _draft_attention(a: nn.Module, ctx: Optional[np.ndarray], x: Optional[np.ndarray], cache, dtype: mx.Dtype):
+    """DraftAttention on host rows: the context's K/V (if any) and the block's are appended to
+    `cache` in one update (the block's positions follow the context's); returns the block's
+    attention output after o_proj [B, L, H] (None without a block). One gemm projects q, k and v of all rows."""
+    rows = x if ctx is None else (ctx if x is None else np.concatenate([ctx, x], axis=1))
+    T = 0 if ctx is None else ctx.shape[1]
+    qd, kd = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    if x is None:
+        kv = _rows(_stacked(a, "_dflash_kv", (a.k_proj, a.v_proj)), rows)
+        k, v = kv[..., :kd], kv[..., kd:]
+    else:
+        qkv = _rows(_stacked(a, "_dflash_qkv", (a.q_proj, a.k_proj, a.v_proj)), rows)
+        q, k, v = qkv[:, T:, :qd], qkv[..., qd : qd + kd], qkv[..., qd + kd :]
+    start = cache.offset
+    k = _rope(_rms_norm(_heads(k, a.n_kv_heads), a.k_norm), a.rope, start)
+    keys, values = cache.update_and_fetch(mx.array(np.ascontiguousarray(k)).astype(dtype),
+                                          mx.array(np.ascontiguousarray(_heads(v, a.n_kv_heads))).astype(dtype))
+    if x is None:
+        return None
+    L = x.shape[1]
+    q = _rope(_rms_norm(_heads(q, a.n_heads), a.q_norm), a.rope, start + T)
+    keys, values = _host(keys), _host(values)
+    if a.window is not None and keys.shape[2] > a.window + L:
+        keys, values = keys[:, :, -(a.window + L) :], values[:, :, -(a.window + L) :]
+    o = attend(q, keys, values, a.scale, causal=False, exact=False)
+    return _rows(_weight(a.o_proj), o.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1))
+
+
+def _fused(draft: nn.Module, features: Optional[mx.array]) -> Optional[np.ndarray]:
+    """hidden_norm(fc(features)) on host: the draft's context for new target features."""
+    if features is None or features.shape[1] == 0:
+        return None
+    return _rms_norm(_rows(_weight(draft.fc), _host(features)), draft.hidden_norm)
+
+
+def _draft_call(self, block_embeds: mx.array, features: Optional[mx.array], cache: list) -> mx.array:
+    """DFlashDraft.__call__ in numpy (the KV caches stay MLX's); its read-out through the
+    target's head comes next and needs no exact rows."""
+    if not _draft_numpy_ok(self):
+        out = type(self)._dflash_numpy_base.__call__(self, block_embeds, features, cache)
+    else:
+        dtype = self.fc.weight.dtype
+        ctx = _fused(self, features)
+        h = np.array(_host(block_embeds))
+        for layer, c in zip(self.layers, cache):
+            h += _draft_attention(layer.self_attn, ctx, _rms_norm(h, layer.input_layernorm), c, dtype)
+            h += _mlp_host(layer.mlp, _rms_norm(h, layer.post_attention_layernorm), exact=False)
+        out = mx.array(_rms_norm(h, self.norm)).astype(dtype)
+    _local.draft_head = True
+    return out
+
+
+def _draft_append_context(self, features: mx.array, cache: list) -> None:
+    if not _draft_numpy_ok(self):
+        return type(self)._dflash_numpy_base.append_context(self, features, cache)
+    ctx = _fused(self, features)
+    if ctx is not None:
+        for layer, c in zip(self.layers, cache):
+            _draft_attention(layer.self_attn, ctx, None, c, self.fc.weight.dtype)
+
+
+# -- swapping -----------------------------------------------------------------
+
+_classes: dict[tuple[type, bool], Optional[type]] = {}
+
+
+def _numpy_class(cls: type, exact: bool) -> Optional[type]:
+    """The numpy subclass for a module class (SwiGLU MLP, attention or DFlash draft), or None."""
+    key = (cls, exact)
+    if key in _classes:
+        return _classes[key]
+    body: Optional[dict] = None
+    if _is_swiglu_mlp(cls):
+        body = {"__call__": _mlp_call}
+    elif cls.__name__ == "DFlashDraft":
+        body = {"__call__": _draft_call, "append_context": _draft_append_context}
+    else:
+        fn = cls.__call__
+        g, code = getattr(fn, "__globals__", {}), getattr(fn, "__code__", None)
+        names = [n for n in _ATTENTION_HOOKS if code is not None and n in code.co_names and n in g]
+        if names:
+            # the class's own __call__ code, with only its attention function swapped
+            patched = dict(g, **{n: _ATTENTION_HOOKS[n](g[n], exact) for n in names})
+            body = {"__call__": types.FunctionType(code, patched, fn.__name__, fn.__defaults__, fn.__closure__),
+                    # Target.use_attention(mode) builds its mode on this base: a mode chosen on
+                    # purpose replaces the numpy attention (for both decoders: same object)
+                    "_dflash_base": cls}
+    if body is not None:
+        body["_dflash_numpy_base"] = cls
+        _classes[key] = type(f"Numpy{cls.__name__}", (cls,), body)
+    else:
+        _classes[key] = None
+    return _classes[key]
+
+
+def use_numpy(module: nn.Module, exact: bool = True) -> int:
+    """Swap (per instance) every plain Linear, Embedding head, SwiGLU MLP and known attention
+    inside `module` for its numpy subclass (`exact`: see the module doc); returns how many."""
+    single_thread_blas()
+    n = 0
+    for _, m in module.named_modules():
+        cls = type(m)
+        if cls is nn.Linear:
+            m.__class__ = NumpyLinear
+        elif cls is nn.Embedding:
+            m.__class__ = NumpyEmbedding
+        elif cls in (NumpyLinear, NumpyEmbedding) or "_dflash_numpy_base" in cls.__dict__:
+            pass
+        else:
+            sub = _numpy_class(cls, exact)
+            if sub is None:
+                continue
+            m.__class__ = sub
+        object.__setattr__(m, "_dflash_exact", exact)
+        n += 1
+    for _, m in module.named_modules():
+        head = m.get("lm_head")
+        if type(head) is NumpyLinear:
+            object.__setattr__(head, "_dflash_head", True)
+    return n
+
+
+def release(module: nn.Module) -> None:
+    """Undo `use_numpy` on `module` (its fp32 copies are dropped)."""
+    for _, m in module.named_modules():
+        m.__dict__.pop("_dflash_np", None)
+        cls = type(m)
+        if cls is NumpyLinear:
+            m.__class__ = nn.Linear
+        elif cls is NumpyEmbedding:
+            m.__class__ = nn.Embedding
+        elif "_dflash_numpy_base" in cls.__dict__:
+            m.__class__ = cls._dflash_numpy_base
+        else:
+            continue
+        for attr in ("_dflash_np", "_dflash_exact", "_dflash_head"):
+            m.__dict__.pop(attr, None)
+
+
+def is_numpy(module: nn.Module) -> bool:
+    return any(type(m) in (NumpyLinear, NumpyEmbedding) for _, m in module.named_modules())
+
+
+def prepare(module: nn.Module) -> None:
+    """Make the fp32 copies now (at load) rather than in the first forward."""
+    for _, m in module.named_modules():
+        if type(m) in (NumpyLinear, NumpyEmbedding):
+            _weight(m)
+
+
+def describe(module: Optional[nn.Module]) -> str:
+    """The matmul path a model runs: "numpy (<blas>)" or "mlx"."""
+    return f"numpy ({blas_name()})" if module is not None and is_numpy(module) else "mlx"
