@@ -236,31 +236,33 @@ class TraceRecorder:
     def __init__(self, clock=time.perf_counter) -> None:
         self._clock = clock
         self._start = clock()
-        self.trace: list[dict[str, Any]] = []
+        # events as they came, turned into dicts only when the trace is read: while a reply
+        # streams, the UI thread does as little as it can
+        self._entries: list[tuple[float, Event]] = []
+
+    @property
+    def trace(self) -> list[dict[str, Any]]:
+        from dflash_tui.engine.events import event_to_dict
+
+        return [{"t": round(t, 6), **event_to_dict(event)} for t, event in self._entries]
 
     def _now(self, now: Optional[float]) -> float:
         return (self._clock() if now is None else now) - self._start
 
     def _last_t(self) -> float:
-        return self.trace[-1]["t"] if self.trace else 0.0
+        return self._entries[-1][0] if self._entries else 0.0
 
     def add(self, event: Event, now: Optional[float] = None) -> None:
-        from dflash_tui.engine.events import event_to_dict
-
-        t = max(self._last_t(), self._now(now))
-        self.trace.append({"t": round(t, 6), **event_to_dict(event)})
+        self._entries.append((max(self._last_t(), self._now(now)), event))
 
     def add_blocks(self, blocks: list[Block], elapsed_s: float, now: Optional[float] = None) -> None:
-        from dflash_tui.engine.events import event_to_dict
-
         end = max(self._last_t(), self._now(now))
         begin = max(self._last_t(), end - max(0.0, elapsed_s))
-        weights = [max(_cycle_seconds(event_to_dict(b)), 1e-6) for b in blocks]
+        weights = [max((b.draft_ms + b.verify_ms + b.rollback_ms) / 1000.0, 1e-6) for b in blocks]
         total, acc = sum(weights), 0.0
         for block, w in zip(blocks, weights):
             acc += w
-            t = begin + (end - begin) * acc / total
-            self.trace.append({"t": round(t, 6), **event_to_dict(block)})
+            self._entries.append((begin + (end - begin) * acc / total, block))
 
 
 # -- reading and checking ----------------------------------------------------------

@@ -5,25 +5,18 @@ Skipped while no pair is bundled (or named by DFLASH_TUI_DEMO_DIR).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-
 from conftest import demo_pair_bundled, reference_tokens
+from dflash_tui.demo import demo_prompts_path
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done
 
 # the first eight requests of the corpus's held-out split, in file order (held out of both the
 # target's and the draft's training data; not picked for how well they draft)
-PROMPTS = [
-    "Return True if the operand is a qNaN or sNaN; otherwise return False.",
-    "Wait until a predicate becomes true.",
-    "Decode bytes using the URL- and filesystem-safe Base64 alphabet.",
-    "Returns a dialect (or None) corresponding to the sample",
-    "Removes the patch.",
-    "Set the charset of the payload to a given character set.",
-    "Generates forward and reverse operators given a purely-rational operator and a function from the operator module.",
-    "Return True if Tcl accepts the new keys else show message.",
-]
+PROMPTS = [json.loads(line)["prompt"] for line in demo_prompts_path().read_text().splitlines() if line.strip()]
 MAX_TOKENS = 200
 
 

@@ -17,7 +17,7 @@ from dflash_tui.config import config_path, load_config  # noqa: E402
 from dflash_tui.engine import conversation as conversation_mod  # noqa: E402
 from dflash_tui.ui.acceptance import AcceptanceView  # noqa: E402
 from dflash_tui.ui.app import DFlashApp  # noqa: E402
-from dflash_tui.ui.chat_view import AssistantMessage, Note, UserMessage, visible  # noqa: E402
+from dflash_tui.ui.chat_view import AssistantMessage, Note, UserMessage, display_text, visible  # noqa: E402
 from dflash_tui.ui.meter import SystemMeter  # noqa: E402
 
 SIZE = (120, 36)
@@ -177,6 +177,8 @@ async def test_escape_stops_within_one_cycle_and_keeps_the_text(qwen3_dirs, engi
         reply = app.chat.query(AssistantMessage).last()
         assert reply.raw_text == done.text and done.text
         assert "stopped" in reply._footer
+        # what streamed into the tail is in the final Markdown, not lost with the tail
+        assert reply.body.source == visible(display_text(done.text)) and not reply.tail.display
         # the partial reply stays in the conversation for the next turn
         assert app.engine.conversation.messages[-1] == {"role": "assistant", "content": done.text}
 
@@ -568,3 +570,29 @@ async def test_after_load_the_meter_shows_the_pair_device_memory_and_a_measured_
         assert state.device and state.device.startswith(("cpu", "gpu"))
         assert state.baseline_tps and state.baseline_tps > 0  # measured by the probe, not guessed
         assert state.rss_bytes and state.rss_bytes > 0 and state.active_bytes is not None
+
+
+async def test_a_turn_runs_with_a_short_gil_switch_and_frozen_collector_and_restores_both(qwen3_dirs, engine_events):
+    import gc
+    import sys
+
+    from dflash_tui.ui import app as app_mod
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 100000
+    before = sys.getswitchinterval()
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "go")
+        await wait_for(pilot, lambda: engine_events and len(engine_events[0]) > 5, what="some blocks")
+        assert sys.getswitchinterval() == pytest.approx(app_mod.TURN_SWITCH_INTERVAL_S)
+        assert gc.get_freeze_count() > 0  # a full collection skips what existed when the turn began
+        asked = []
+        shown = app.engine.blocks_shown
+        app.engine.blocks_shown = lambda hold_s=0.0: (asked.append(hold_s), shown(hold_s))
+        await wait_for(pilot, lambda: asked, what="a batch to be painted")
+        assert 0 <= asked[0] <= app_mod.MAX_HOLD_S  # the UI paces the batches by what drawing them cost
+        await pilot.press("escape")
+        await finish_turn(pilot, app, timeout=10)
+        assert sys.getswitchinterval() == pytest.approx(before)
+        assert gc.get_freeze_count() == 0

@@ -219,7 +219,7 @@ def test_a_chunk_streamed_before_mount_shows_once():
             await handle.written()  # wait for the write itself, not a fixed pause (slow under load)
             await pilot.pause()
             md = handle.message.query_one(Markdown)
-            return md.source
+            return md.source + handle.message.tail_text  # a line not yet whole waits in the tail
 
     assert asyncio.run(go()) == "Hello world"
 
@@ -252,14 +252,15 @@ async def test_a_streamed_bare_code_reply_renders_as_one_code_block(anyio_backen
     app = Host()
     async with app.run_test(size=(100, 30)) as pilot:
         chat = app.query_one(ChatView)
-        handle = chat.start_assistant()
+        handle = chat.start_assistant(markdown_interval=0)  # every batch parsed
         for piece in ["de", "f count_lines(path):", "\n    with open(path) as f:", "\n        return len(f.readlines())\n"]:
             handle.append(piece)
             await pilot.pause()
         await handle.written()
         md = handle.message.query_one(Markdown)
         fences = list(md.query(MarkdownFence))
-        assert len(fences) == 1 and "return len(f.readlines())" in fences[0].code
+        assert len(fences) == 1 and fences[0].code.startswith("def count_lines(path):")  # one code block...
+        assert "return len(f.readlines())" in fences[0].code + "\n" + handle.message.tail_text  # ...the newest lines under it
         await handle.finish()
         await pilot.pause()
         fences = list(md.query(MarkdownFence))

@@ -3,9 +3,15 @@
 Both use the same pair, prompt and settings; runs alternate (headless, TUI,
 headless, ...) and the medians are compared. The TUI figure is the engine's own
 decode tok/s measured in the worker thread while the app draws every block, so
-it shows what the UI costs the engine.
+it shows what the UI costs the engine. Each TUI run is also divided by the
+headless run just before it: pairs close in time cancel slow drifts in machine
+load, so their median and spread say more than the two medians on a busy machine.
 
-    python -m dflash_tui.bench.tui_overhead --demo --runs 3
+With --block-size auto the app keeps one conversation, whose block sizer (cost
+curve and acceptance) carries over turns, while each headless run starts fresh;
+a fixed --block-size compares like with like.
+
+    python -m dflash_tui.bench.tui_overhead --demo --runs 5
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ def headless(model: str, draft: str, prompt: str, max_tokens: int, block_size) -
     pair = headless.pair = getattr(headless, "pair", None) or load_pair(model, draft)
     conv = Conversation(pair)
     done = [e for e in conv.generate(prompt, GenerationSettings(max_tokens=max_tokens, block_size=block_size))][-1]
+    headless.tokens = done.stats.get("generated_tokens")
     return done.stats["decode_tps"]
 
 
@@ -43,6 +50,7 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
 
         def record(ev):
             rates.append(ev.stats["decode_tps"])
+            in_tui.tokens = ev.stats.get("generated_tokens")
             seen(ev)
 
         app.meter.on_done = record
@@ -54,7 +62,8 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
             await pilot.press("enter")
             await pilot.pause(0.2)
             while app.generating:
-                await pilot.pause(0.05)
+                # not pilot.pause: it messages every widget and forces a repaint each time, which a user's app never does
+                await asyncio.sleep(0.05)
             await pilot.pause(0.2)
     return rates
 
@@ -88,10 +97,21 @@ def main(argv: list[str] | None = None) -> int:
                              lambda: head.append(headless(model, draft, args.prompt, args.max_tokens, block))))
     _release_main_thread()
     h, t = statistics.median(head), statistics.median(tui)
+    pairs = sorted(b / a for a, b in zip(head, tui))
+    print(f"reply           {getattr(headless, 'tokens', '?')} tokens headless, {getattr(in_tui, 'tokens', '?')} in the TUI")
     print(f"headless decode {h:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in head)})")
     print(f"in the TUI      {t:.1f} tok/s (runs {', '.join(f'{x:.1f}' for x in tui)})")
-    print(f"TUI / headless  {t / h:.1%}")
+    print(f"TUI / headless  {t / h:.1%} (medians)")
+    print(f"paired runs     median {statistics.median(pairs):.1%}, quartiles {_quartiles(pairs)}, "
+          f"range {pairs[0]:.1%}..{pairs[-1]:.1%}")
     return 0
+
+
+def _quartiles(xs: list[float]) -> str:
+    if len(xs) < 4:
+        return "—"
+    q = statistics.quantiles(xs, n=4)
+    return f"{q[0]:.1%}..{q[2]:.1%}"
 
 
 if __name__ == "__main__":

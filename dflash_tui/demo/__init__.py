@@ -37,3 +37,8 @@ def demo_target_path() -> Path:
 def demo_draft_path() -> Path:
     """Directory of the demo DFlash draft (z-lab checkpoint format)."""
     return _checked(_root() / "draft", "draft")
+
+
+def demo_prompts_path() -> Path:
+    """Eight requests from the demo corpus's held-out split (JSONL, a "prompt" each), for `bench --prompts`."""
+    return _HERE / "heldout_prompts.jsonl"

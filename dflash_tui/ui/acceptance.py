@@ -27,6 +27,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from dflash_tui.engine.events import Block
+from dflash_tui.ui.throttle import Throttle
 
 MAX_ROWS = 500
 CELL_CHARS = 10  # longer token texts are cut with an ellipsis
@@ -331,11 +332,16 @@ class AcceptanceView(Widget):
     AcceptanceView > AcceptanceFigures { background: $boost; margin-bottom: 0; }
     """
 
-    def __init__(self, max_rows: int = MAX_ROWS, **kwargs) -> None:
+    def __init__(self, max_rows: int = MAX_ROWS, figures_interval: float = 0.0, **kwargs) -> None:
+        """`figures_interval`: repaint the running figures at most this often (0: on every batch)."""
         super().__init__(**kwargs)
         self.stats = AcceptanceStats()
         self.figures = AcceptanceFigures(self.stats)
         self.rows = AcceptanceRows(max_rows)
+        self._paint_figures = Throttle(self.figures.refresh, figures_interval, self._later)
+
+    def _later(self, delay: float, callback):
+        return self.set_timer(delay, callback) if self.is_attached else None
 
     def compose(self) -> ComposeResult:
         yield self.figures
@@ -351,12 +357,16 @@ class AcceptanceView(Widget):
             return
         self.stats.add(blocks)
         self.rows.add(list(blocks))
-        self.figures.refresh()
+        self._paint_figures()
+
+    def show_figures(self) -> None:
+        """Repaint the figures now (the reply is over: its final figures, not a throttled lag)."""
+        self._paint_figures.now()
 
     def reset(self) -> None:
         self.stats.__init__()  # the figures widget holds this same object
         self.rows.clear()
-        self.figures.refresh()
+        self._paint_figures.now()
 
     def set_decoder(self, fn: Optional[Decoder]) -> None:
         """Token id -> its text; rows already shown are redrawn with it."""

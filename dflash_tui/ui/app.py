@@ -6,6 +6,9 @@ owns the models in its own thread; nothing here calls MLX.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -29,6 +32,12 @@ from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import load_themes
 from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem
 
+TURN_SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval while a reply streams (Python's default: 5 ms)
+UI_BUDGET = 0.03  # while a reply streams, the UI thread aims to use at most this share of the time
+MAX_HOLD_S = 1.0  # however costly a batch was to draw, the next one comes within this
+PANE_REPAINT_S = 0.5  # while a reply streams, the figures and the meter repaint at most this often
+SETTLE_FRAMES = 3  # drawn frames between a turn's start and the engine getting it
+SETTLE_TIMEOUT_S = 0.5  # however long the drawing takes, the engine gets the turn within about this
 _SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "block_size": "block size", "max_tokens": "max tokens"}
 
 
@@ -104,6 +113,9 @@ class DFlashApp(App[None]):
         self.turn_id = 0
         self._handle: Optional[AssistantHandle] = None
         self._queued_turn: Optional[Generate] = None  # the turn the engine gets once its messages are drawn
+        self._switch_interval: Optional[float] = None  # the interpreter's own, while a turn runs with ours
+        self._painted_cpu = 0.0  # the UI thread's CPU time when the last batch was painted
+        self._blink: Optional[bool] = None  # the prompt's cursor blink, while a turn turns it off
         self._turn_user_text: Optional[str] = None
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
         self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
@@ -117,8 +129,8 @@ class DFlashApp(App[None]):
         with Horizontal(id="main"):
             yield ChatView(id="chat")
             with Vertical(id="side"):
-                yield AcceptanceView(id="acceptance")
-                yield SystemMeter(id="meter")
+                yield AcceptanceView(id="acceptance", figures_interval=PANE_REPAINT_S)
+                yield SystemMeter(id="meter", repaint_interval=PANE_REPAINT_S)
         yield PromptBox(id="prompt")
         yield Footer()
 
@@ -349,14 +361,35 @@ class DFlashApp(App[None]):
         self.acceptance.reset()
         self.meter.set_settings(self.meter_settings())
         self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
+        self._blink = self.prompt.cursor_blink if self._blink is None else self._blink
+        self.prompt.cursor_blink = False  # a blink is a repaint twice a second, taken from the decode
         self.refresh_bindings()
-        # the engine starts once the new messages and the footer are drawn: that burst of layout
-        # would otherwise land in the first cycles and slow the decode
-        self.call_after_refresh(self.call_after_refresh, self._submit_turn)
+        # the engine starts once the new messages and the footer are mounted and drawn: that burst
+        # of layout would otherwise land in the first cycles and slow the decode
+        self.run_worker(self._submit_when_drawn(self._handle), group="turn-start", exit_on_error=False)
+
+    async def _submit_when_drawn(self, handle: AssistantHandle) -> None:
+        try:
+            await asyncio.wait_for(handle.mounted(), SETTLE_TIMEOUT_S)
+            for _ in range(SETTLE_FRAMES):  # the footer's keys and the message's parts mount over a few frames
+                drawn = asyncio.get_running_loop().create_future()
+                self.call_after_refresh(lambda: drawn.done() or drawn.set_result(None))
+                await asyncio.wait_for(drawn, SETTLE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            pass  # never hold a turn back for the drawing
+        finally:
+            self._submit_turn()
 
     def _submit_turn(self) -> None:
         request, self._queued_turn = self._queued_turn, None
         if request is not None and request.turn_id == self.turn_id and self.generating:
+            # a full collection walks every widget and holds the GIL the engine needs; until the
+            # turn ends it skips what exists now (gc.unfreeze hands those objects back)
+            gc.freeze()
+            # the GIL changes hands sooner, so the engine thread waits less behind a repaint
+            self._switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(TURN_SWITCH_INTERVAL_S)
+            self._painted_cpu = time.thread_time()
             self.engine.submit(request)
 
     def _current(self, turn_id: int) -> bool:
@@ -368,7 +401,7 @@ class DFlashApp(App[None]):
             self._recorder.add(message.event)
 
     async def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
-        self.call_after_refresh(self.engine.blocks_shown)  # ask for the next batch once this one is painted
+        self.call_after_refresh(self._blocks_painted)  # ask for the next batch once this one is painted
         if not self._current(message.turn_id):
             return
         handle = self._handle
@@ -379,6 +412,13 @@ class DFlashApp(App[None]):
             handle.append(message.text)
             await handle.written()
 
+    def _blocks_painted(self) -> None:
+        # what the UI thread spent since the last batch was painted sets how long the next one waits:
+        # on this core it competes with the engine (the GIL), so drawing less often keeps decoding fast
+        now = time.thread_time()
+        spent, self._painted_cpu = now - self._painted_cpu, now
+        self.engine.blocks_shown(min(MAX_HOLD_S, spent / UI_BUDGET))
+
     def on_turn_done(self, message: msg.TurnDone) -> None:
         if not self._current(message.turn_id):
             return
@@ -386,6 +426,7 @@ class DFlashApp(App[None]):
         self.meter.on_done(ev)
         self._recorder.add(ev)
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
+        self.acceptance.show_figures()
         self._end_turn()
         self._record_turn(ev.text)
 
@@ -393,12 +434,19 @@ class DFlashApp(App[None]):
         if not self._current(message.turn_id):
             return
         self._handle.finish(None, "failed")
+        self.acceptance.show_figures()
         self.chat.add_note(message.message, "error")
         self._end_turn()
 
     def _end_turn(self) -> None:
+        gc.unfreeze()
+        if self._switch_interval is not None:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
         self.generating = False
         self._handle = None
+        if self._blink is not None:
+            self.prompt.cursor_blink, self._blink = self._blink, None
         self.refresh_bindings()
 
     # -- actions -------------------------------------------------------------

@@ -1,16 +1,22 @@
 """The conversation: user and assistant messages, notes, and the loading panel.
 
-Assistant replies stream in through `Markdown.append` (each batch re-parses
-only from the last block) and get one full update at the end, so code fences
-that arrived in pieces render right. The view
-is anchored: it follows the stream while the user is at the bottom and stays
-put once they scroll up (Textual restores the anchor when they scroll back).
+Assistant replies stream in two parts: the Markdown, re-parsed (and its code
+re-highlighted) at most every MARKDOWN_INTERVAL_S and only up to the last
+complete line, and a plain-text tail under it with the newer text, updated on
+every batch. Parsing a growing code block costs more the longer it gets, and
+the UI thread competes with the engine for the GIL; the tail costs almost
+nothing. The tail takes the look of the code block it continues, and the reply
+gets one full Markdown update at the end, so the final rendering is the plain
+Markdown of the whole text. The view is anchored: it follows the stream while
+the user is at the bottom and stays put once they scroll up (Textual restores
+the anchor when they scroll back).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Optional
 
 from textual.app import ComposeResult
@@ -21,6 +27,8 @@ from textual.widgets import Label, Markdown, ProgressBar, Static
 _CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
 _CONTROL[0x7F] = 0x2421
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^(?P=fence)[ \t]*$|\Z)", re.M | re.S)
+_FENCE_LINE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)")
+MARKDOWN_INTERVAL_S = 1.0  # while a reply streams, its Markdown is re-parsed at most this often
 
 
 def visible(text: str) -> str:
@@ -51,6 +59,22 @@ def _start_undecided(text: str) -> bool:
 def display_text(text: str) -> str:
     """The Markdown to show for a reply: bare code goes in a fence, or Markdown would run its lines together."""
     return f"```python\n{text.rstrip(chr(10))}\n```" if looks_like_bare_code(text) else text
+
+
+def open_fence(markdown: str) -> bool:
+    """True when `markdown` ends inside a fenced code block that is not closed yet."""
+    fence = ""
+    for line in markdown.split("\n"):
+        m = _FENCE_LINE.match(line)
+        if m is None:
+            continue
+        mark, info = m.group("fence"), m.group("info")
+        if not fence:
+            if not (mark[0] == "`" and "`" in info):  # backticks in the info string: inline code, not a fence
+                fence = mark
+        elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
+            fence = ""
+    return bool(fence)
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -133,15 +157,42 @@ class AssistantMessage(MessageBlock):
         super().__init__(text, **kwargs)
         self._footer = footer
         self._initial = text  # not raw_text: a stream may append to that before we are composed
+        self.tail_text = ""  # the streamed text shown under the Markdown, not parsed yet
+        self._tail_lines = 0
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
         yield Markdown(visible(display_text(self._initial)), classes="message-body")
+        yield Static("", classes="message-tail", markup=False)
         yield Static(self._footer, classes="message-footer", markup=False)
 
     @property
     def body(self) -> Markdown:
         return self.query_one(Markdown)
+
+    @property
+    def tail(self) -> Static:
+        """The newest streamed text, not parsed as Markdown yet."""
+        return self.query_one(".message-tail", Static)
+
+    def show_tail(self, text: str, code: bool = False, opens: bool = False) -> None:
+        """Show `text` under the Markdown: as the rest of its open code block (`code`), or as a new one (`opens`)."""
+        tail = self.tail
+        self.tail_text = text
+        lines = text.count("\n") + 1 if code or opens else -1  # code does not wrap: its height is its lines
+        tail.update(text, layout=lines < 0 or lines != self._tail_lines)  # same height: a repaint, not a layout
+        self._tail_lines = lines
+        tail.set_class(code or opens, "-code")
+        tail.set_class(opens, "-opens")
+        self.set_class(code and not opens, "-code-tail")  # the Markdown's last code block hands its bottom to the tail
+        tail.display = bool(text) or code or opens
+
+    def hide_tail(self) -> None:
+        self.remove_class("-code-tail")
+        self._tail_lines = 0
+        self.tail_text = ""
+        self.tail.update("")
+        self.tail.display = False
 
     def set_footer(self, text: str) -> None:
         self._footer = text
@@ -151,16 +202,29 @@ class AssistantMessage(MessageBlock):
 
     def on_mount(self) -> None:
         self.query_one(".message-footer").display = bool(self._footer)
+        self.tail.display = False
 
 
 class AssistantHandle:
-    """Feeds one streaming reply. `append` is cheap and ordered; `finish` renders the whole text once."""
+    """Feeds one streaming reply. `append` is cheap and ordered; `finish` renders the whole text once.
 
-    def __init__(self, message: AssistantMessage, mounted) -> None:
+    The Markdown gets whole lines at most every `markdown_interval` seconds; the text after them
+    shows in the message's plain tail, so each batch costs a small text update, not a parse.
+    With `markdown_interval=None` every append goes straight into the Markdown (a replay, which
+    no engine waits on).
+    """
+
+    def __init__(self, message: AssistantMessage, mounted,
+                 markdown_interval: Optional[float] = MARKDOWN_INTERVAL_S) -> None:
         self.message = message
+        self.markdown_interval = markdown_interval
         self._mounted = asyncio.ensure_future(mounted)
         self._parts: list[str] = []
-        self._buffer: list[str] = []
+        self._display = ""  # the Markdown to show for what has streamed (bare code gets its fence)
+        self._parsed = 0  # how much of _display the Markdown widget has
+        # the first parse waits an interval too: in a reply's first second the tail alone is cheap to show
+        self._parsed_at = time.monotonic()
+        self._code = False  # the parsed part ends inside an open code block
         self._drain: Optional[asyncio.Task] = None
         self._started = False  # the reply's start is known to be prose or bare code
         self.finished = False
@@ -168,6 +232,15 @@ class AssistantHandle:
     @property
     def text(self) -> str:
         return "".join(self._parts)
+
+    async def mounted(self) -> None:
+        """Wait until the message and its parts are in the DOM."""
+        await asyncio.shield(self._mounted)
+
+    @property
+    def markdown_source(self) -> str:
+        """What the Markdown widget has been given so far (the rest is in the tail)."""
+        return self._display[: self._parsed]
 
     def append(self, text: str) -> None:
         if not text or self.finished:
@@ -180,24 +253,47 @@ class AssistantHandle:
                 return  # too little to tell prose from code yet
             self._started = True
             text = ("```python\n" if looks_like_bare_code(start) else "") + start
-        self._buffer.append(visible(text))
+        self._display += visible(text)
         if self._drain is None or self._drain.done():
             self._drain = asyncio.create_task(self._write())
 
     async def written(self) -> None:
-        """Wait until what was appended is in the widget (chunks that piled up meanwhile go in one parse)."""
+        """Wait until what was appended is on show (in the Markdown or the tail)."""
         if self._drain is not None and not self._drain.done():
             await asyncio.shield(self._drain)
 
     async def _write(self) -> None:
         await self._mounted
-        while self._buffer:
-            if not self.message.is_attached:
-                self._buffer.clear()
+        while self.message.is_attached:  # text appended during a parse is seen on the next round
+            cut = self._cut()
+            if cut <= self._parsed or time.monotonic() - self._parsed_at < (self.markdown_interval or 0):
+                self._show_tail()
                 return
-            chunk = "".join(self._buffer)
-            self._buffer.clear()
+            chunk, self._parsed = self._display[self._parsed:cut], cut
+            self._parsed_at = time.monotonic()
+            self._code = open_fence(self.markdown_source)
             await self.message.body.append(chunk)  # re-parses from the last block only
+
+    def _cut(self) -> int:
+        """Where the Markdown may end: after the last whole line, but never right after a fence's opening line."""
+        if self.markdown_interval is None:
+            return len(self._display)
+        cut = self._display.rfind("\n") + 1
+        line_start = self._display.rfind("\n", 0, max(cut - 1, 0)) + 1
+        if cut and _FENCE_LINE.match(self._display, line_start, cut - 1) and open_fence(self._display[:cut]):
+            return line_start  # an empty code block would show a blank line; the tail opens it instead
+        return cut
+
+    def _show_tail(self) -> None:
+        if self.markdown_interval is None:
+            return  # everything is in the Markdown
+        tail = self._display[self._parsed:]
+        if not self._code:
+            first, newline, rest = tail.partition("\n")
+            if newline and _FENCE_LINE.fullmatch(first):
+                self.message.show_tail(rest, opens=True)
+                return
+        self.message.show_tail(tail, code=self._code)
 
     def finish(self, full_text: Optional[str] = None, footer: str = "") -> asyncio.Task:
         """End the stream; `full_text` (the engine's final text) replaces what was streamed."""
@@ -212,9 +308,11 @@ class AssistantHandle:
         self.message.raw_text = text
         if not self.message.is_attached:
             return  # removed meanwhile (regenerate, new chat, quit)
-        await self.message.body.update(visible(display_text(text)) if text else "*(empty reply)*")
-        self.message.set_footer(footer)
-        self.message.refresh_header()
+        with self.message.app.batch_update():  # the full Markdown replaces Markdown and tail in one frame
+            await self.message.body.update(visible(display_text(text)) if text else "*(empty reply)*")
+            self.message.hide_tail()
+            self.message.set_footer(footer)
+            self.message.refresh_header()
 
 
 class Note(Static):
@@ -262,9 +360,9 @@ class ChatView(VerticalScroll):
         """A finished reply (a session opened from disk)."""
         return self._add(AssistantMessage(text, footer))[0]
 
-    def start_assistant(self) -> AssistantHandle:
+    def start_assistant(self, markdown_interval: Optional[float] = MARKDOWN_INTERVAL_S) -> AssistantHandle:
         message, mounted = self._add(AssistantMessage())
-        return AssistantHandle(message, mounted)
+        return AssistantHandle(message, mounted, markdown_interval)
 
     def add_note(self, text: str, severity: str = "information") -> Note:
         return self._add(Note(text, severity))[0]

@@ -20,6 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from dflash_tui.engine.events import Block, Done, Prefill
+from dflash_tui.ui.throttle import Throttle
 
 SPARK_SAMPLES = 90
 LIVE_WINDOW_S = 1.0  # live tok/s averages the batches of about the last second
@@ -222,12 +223,18 @@ class SystemMeter(Widget):
     SystemMeter.-wide > Sparkline { height: 2; }
     """
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, repaint_interval: float = 0.0, **kwargs) -> None:
+        """`repaint_interval`: while a reply streams, repaint at most this often (0: on every update)."""
         super().__init__(**kwargs)
         self.state = MeterState()
         self._head = MeterText(self._head_lines, 1, classes="meter-head")
         self._spark = Sparkline([], summary_function=max)
         self._body = MeterText(self._body_lines, 5, classes="meter-body")
+        self._paint = Throttle(self._repaint, repaint_interval, self._later)
+        self._spark_due = False
+
+    def _later(self, delay: float, callback):
+        return self.set_timer(delay, callback) if self.is_attached else None
 
     def compose(self) -> ComposeResult:
         yield self._head
@@ -275,6 +282,14 @@ class SystemMeter(Widget):
         self._update(spark=True)
 
     def _update(self, spark: bool = False) -> None:
+        self._spark_due = self._spark_due or spark
+        if self.state.generating:
+            self._paint()  # the state is current; the drawing may wait for a later batch
+        else:
+            self._paint.now()
+
+    def _repaint(self) -> None:
+        spark, self._spark_due = self._spark_due, False
         if spark or not self._spark.data:
             samples = list(self.state.samples)
             self._spark.data = samples or [0.0]

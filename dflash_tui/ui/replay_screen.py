@@ -145,7 +145,7 @@ class ReplayScreen(Screen[None]):
         if cue.kind == "message":
             self._add_whole(cue.message)
         elif cue.kind == "start":
-            self._handle = self.chat.start_assistant()
+            self._handle = self.chat.start_assistant(markdown_interval=None)  # no engine to make room for
             self._pending_text = ""
             self.acceptance.reset()
             done = message.done()

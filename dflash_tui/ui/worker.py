@@ -92,6 +92,7 @@ class EngineWorker:
         self._ui_ready = threading.Event()
         self._ui_ready.set()
         self._flush_interval = flush_interval
+        self._hold = 0.0  # the UI asks for this long between batches, so that drawing them stays cheap
         # its own thread, not a pooled one: MLX's per-thread streams are freed when it ends and never reused
         self._thread: Optional[threading.Thread] = None
         self.worker: Any = None  # the Textual worker supervising the thread, when started with an app
@@ -128,8 +129,9 @@ class EngineWorker:
             self._cancel.clear()
         self._queue.put(request)
 
-    def blocks_shown(self) -> None:
-        """The UI painted the last batch; the next one may go."""
+    def blocks_shown(self, hold_s: float = 0.0) -> None:
+        """The UI painted the last batch; the next one may go `hold_s` after the last was sent."""
+        self._hold = hold_s
         self._ui_ready.set()
 
     def cancel(self) -> None:
@@ -298,11 +300,12 @@ class EngineWorker:
         last_memory = 0.0
 
         self._ui_ready.set()
+        self._hold = 0.0
 
         def flush(now: float, final: bool = False) -> None:
             nonlocal pending, last_flush, last_memory
-            if not final and not self._ui_ready.is_set():
-                return  # the UI is still painting the previous batch: keep collecting
+            if not final and (not self._ui_ready.is_set() or now - last_flush < self._hold):
+                return  # the UI is still painting the previous batch, or asked for a pause: keep collecting
             if pending:
                 self._ui_ready.clear()
                 self._post(msg.TurnBlocks(req.turn_id, pending, now - last_flush))

@@ -1,0 +1,202 @@
+"""A streaming reply costs the engine little: a plain tail per batch, Markdown at a low rate, panes that repaint seldom."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from textual.app import App
+from textual.widgets import Markdown
+from textual.widgets._markdown import MarkdownFence
+
+from dflash_tui.engine.events import Block, Done, Prefill
+from dflash_tui.ui import messages as msg
+from dflash_tui.ui.chat_view import ChatView, display_text, open_fence
+from dflash_tui.ui.meter import SystemMeter
+from dflash_tui.ui.throttle import Throttle
+from dflash_tui.ui.worker import EngineWorker, Generate
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class Host(App):
+    CSS_PATH = str(Path(__file__).resolve().parents[1] / "dflash_tui" / "ui" / "app.tcss")  # the app's message styles
+
+    def compose(self):
+        yield ChatView()
+
+
+def stream(app: Host, markdown_interval: float):
+    handle = app.query_one(ChatView).start_assistant()
+    handle.markdown_interval = markdown_interval
+    return handle
+
+
+async def test_the_tail_shows_new_lines_before_the_throttled_parse_and_the_end_is_plain_markdown():
+    async with Host().run_test(size=(100, 40)) as pilot:
+        handle = stream(pilot.app, markdown_interval=3600)
+        handle.append("def count_lines(path):\n    with open(path) as f:\n")
+        await handle.written()
+        message = handle.message
+        # the first parse waits an interval too: a reply's first lines show in the tail alone
+        assert message.body.source == "" and message.tail.has_class("-opens")
+        assert message.tail_text == "def count_lines(path):\n    with open(path) as f:\n"
+        handle._parsed_at = float("-inf")  # the interval is over: the next batch parses the whole lines
+        parsed = "```python\ndef count_lines(path):\n    with open(path) as f:\n"
+        for piece in ["        lines = f.read", "lines()\n", "        return len(", "lines)\n    # done"]:
+            handle.append(piece)
+            await handle.written()
+        await pilot.pause()
+        assert message.body.source == parsed  # not re-parsed within the interval...
+        assert message.tail_text == "        lines = f.readlines()\n        return len(lines)\n    # done"
+        assert message.tail.display and message.tail.has_class("-code")  # ...the tail shows it, lines kept
+        assert message.has_class("-code-tail")  # the code block hands its bottom edge to the tail
+        await handle.finish(footer="3 tokens")
+        await pilot.pause()
+        full = handle.text
+        assert message.body.source == display_text(full)  # the final rendering: the whole reply as Markdown
+        assert [f.code for f in message.query(MarkdownFence)] == [full.rstrip("\n")]
+        assert not message.tail.display and message.tail_text == "" and not message.has_class("-code-tail")
+
+
+async def test_markdown_catches_up_with_whole_lines_once_the_interval_has_passed():
+    async with Host().run_test(size=(100, 40)) as pilot:
+        handle = stream(pilot.app, markdown_interval=0)
+        for piece in ["Here is the plan.\n\nFirst, op", "en the file.\nThen count."]:
+            handle.append(piece)
+            await handle.written()
+        assert handle.message.body.source == "Here is the plan.\n\nFirst, open the file.\n"
+        assert handle.message.tail_text == "Then count."  # a line not yet whole stays in the tail
+        assert not handle.message.tail.has_class("-code")  # prose, not code
+        await pilot.pause()
+
+
+async def test_a_fence_opened_in_the_stream_is_started_by_the_tail_not_parsed_empty():
+    async with Host().run_test(size=(100, 40)) as pilot:
+        handle = stream(pilot.app, markdown_interval=0)
+        handle.append("Sure:\n```python\nimport os")
+        await handle.written()
+        message = handle.message
+        assert message.body.source == "Sure:\n"  # an empty code block would draw a blank line
+        assert message.tail_text == "import os" and message.tail.has_class("-opens")
+        handle.append("\nprint(os.sep)\n")
+        await handle.written()
+        assert message.body.source == "Sure:\n```python\nimport os\nprint(os.sep)\n"
+        assert message.tail_text == "" and message.tail.has_class("-code") and not message.tail.has_class("-opens")
+        await pilot.pause()
+
+
+async def test_a_reply_cut_short_keeps_everything_it_streamed():
+    async with Host().run_test(size=(100, 40)) as pilot:
+        handle = stream(pilot.app, markdown_interval=3600)
+        text = "def f(x):\n    return x\n\ndef g(y):\n    retu"
+        for i in range(0, len(text), 7):
+            handle.append(text[i:i + 7])
+            await handle.written()
+        assert handle.message.body.source != display_text(text)  # part of it was only in the tail
+        await handle.finish(None, "failed")  # no final text from the engine: what streamed is the reply
+        await pilot.pause()
+        assert handle.message.body.source == display_text(text)
+        assert handle.message.raw_text == text and not handle.message.tail.display
+
+
+def test_open_fence():
+    assert open_fence("```python\nx = 1\n")
+    assert not open_fence("```python\nx = 1\n```\n")
+    assert open_fence("~~~\na\n```\n")  # a backtick line does not close a tilde fence
+    assert not open_fence("````\na\n```\n````\n")
+    assert not open_fence("use ```x``` inline\n")  # backticks in the info string: not a fence
+    assert not open_fence("plain text\n")
+
+
+def test_throttle_runs_at_once_then_folds_calls_until_the_interval_is_over():
+    calls = []
+    throttle = Throttle(lambda: calls.append(1), interval=3600)
+    throttle()
+    throttle()
+    throttle()
+    assert calls == [1] and throttle.pending
+    throttle.now()
+    assert calls == [1, 1] and not throttle.pending
+    every = Throttle(lambda: calls.append(2))
+    every()
+    every()
+    assert calls[-2:] == [2, 2]
+
+
+def test_throttle_draws_a_folded_call_once_at_the_end_of_the_interval():
+    calls, timers = [], []
+    throttle = Throttle(lambda: calls.append(len(calls)), interval=0.2, later=lambda d, cb: timers.append((d, cb)) or cb)
+    throttle()
+    throttle()
+    throttle()
+    assert calls == [0] and len(timers) == 1  # two folded calls, one trailing call scheduled
+    delay, trailing = timers[0]
+    assert 0 < delay <= 0.2
+    trailing()
+    assert calls == [0, 1] and not throttle.pending  # the last state is drawn without another call
+    trailing()
+    assert calls == [0, 1]  # nothing pending: a stale timer draws nothing
+    unscheduled = Throttle(lambda: calls.append(9), interval=3600, later=lambda d, cb: None)
+    unscheduled()
+    unscheduled()
+    assert unscheduled.pending and not unscheduled._scheduled  # it tries again on the next call
+
+
+async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_it_ends():
+    class PaneApp(App):
+        def compose(self):
+            yield SystemMeter(repaint_interval=3600)
+
+    async with PaneApp().run_test(size=(100, 30)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        painted = []
+        repaint = meter._paint.fn
+        meter._paint.fn = lambda: (painted.append(meter.state.turn_tokens), repaint())
+        meter.on_prefill(Prefill(10, 0, 0.1))
+        for i in range(5):
+            meter.on_blocks([Block(i, [1, 2, 3], 2, [1, 2, 3], "abc")], 0.05)
+        meter.set_memory(1, 2, 3)
+        assert painted == [0]  # the prefill painted; the batches and the memory sample wait
+        meter.on_done(Done([1] * 15, "", "length", {"mode": "dflash", "decode_tps": 99.0}))
+        assert painted == [0, 15]  # the end is drawn at once, with every batch in it
+        meter.set_memory(4, 5, 6)
+        assert len(painted) == 3  # between replies, every change is drawn
+        await pilot.pause()
+
+
+class FakeConversation:
+    def __init__(self, n: int, cycle_s: float):
+        self.n, self.cycle_s = n, cycle_s
+        self.messages = []
+
+    def generate(self, text, settings, should_cancel):
+        yield Prefill(prompt_tokens=5, cached_tokens=0, seconds=0.01)
+        for i in range(self.n):
+            time.sleep(self.cycle_s)
+            yield Block(index=i, drafted=[1, 2, 3], accepted=1, emitted=[1, 9], text="ab")
+        yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
+
+
+def test_the_worker_holds_the_next_batch_as_long_as_the_ui_asks():
+    posted: list = []
+
+    def post(message):
+        posted.append((time.perf_counter(), message))
+        worker.blocks_shown(hold_s=0.25)  # a UI that found its last batch costly
+
+    worker = EngineWorker(post, flush_interval=0.01)
+    worker.conversation = FakeConversation(400, 0.002)
+    worker._generate(Generate(1, "hi", {}))
+    sent = [t for t, m in posted if isinstance(m, msg.TurnBlocks)]
+    blocks = [b for _, m in posted if isinstance(m, msg.TurnBlocks) for b in m.blocks]
+    assert [b.index for b in blocks] == list(range(400))  # nothing lost, in order
+    gaps = [b - a for a, b in zip(sent, sent[1:-1])]  # the last batch goes with Done, hold or not
+    assert gaps and min(gaps) >= 0.25  # a floor the worker keeps, however fast or slow the machine
+    assert isinstance(posted[-1][1], msg.TurnDone)
