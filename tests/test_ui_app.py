@@ -570,6 +570,10 @@ async def test_after_load_the_meter_shows_the_pair_device_memory_and_a_measured_
         assert state.device and state.device.startswith(("cpu", "gpu"))
         assert state.baseline_tps and state.baseline_tps > 0  # measured by the probe, not guessed
         assert state.rss_bytes and state.rss_bytes > 0 and state.active_bytes is not None
+        # the adaptive block size's cost curve is measured at load too, not in the first reply's wait
+        await wait_for(pilot, lambda: app.engine.conversation._sizer is not None, what="the cost curve")
+        costs = app.engine.conversation._sizer.costs
+        assert costs and all(c > 0 for c in costs.values())
 
 
 async def test_a_turn_runs_with_a_short_gil_switch_and_frozen_collector_and_restores_both(qwen3_dirs, engine_events):

@@ -200,3 +200,22 @@ def test_the_worker_holds_the_next_batch_as_long_as_the_ui_asks():
     gaps = [b - a for a, b in zip(sent, sent[1:-1])]  # the last batch goes with Done, hold or not
     assert gaps and min(gaps) >= 0.25  # a floor the worker keeps, however fast or slow the machine
     assert isinstance(posted[-1][1], msg.TurnDone)
+
+
+def test_batches_wait_by_what_drawing_cost_but_the_first_words_do_not():
+    from types import SimpleNamespace
+
+    from dflash_tui.ui import app as app_mod
+
+    asked: list[float] = []
+    ui = SimpleNamespace(_handle=SimpleNamespace(showing=False), engine=SimpleNamespace(blocks_shown=asked.append))
+    ui._painted_cpu = time.thread_time() - 1.0  # a second of UI time since the last paint: a costly one
+    app_mod.DFlashApp._blocks_painted(ui)
+    ui._handle.showing = True
+    ui._painted_cpu = time.thread_time() - 1.0
+    app_mod.DFlashApp._blocks_painted(ui)
+    ui._painted_cpu = time.thread_time()  # nothing spent: no wait
+    app_mod.DFlashApp._blocks_painted(ui)
+    assert asked[0] == 0.0  # nothing of the reply on screen yet: no wait
+    assert asked[1] == app_mod.MAX_HOLD_S  # costly drawing: the longest wait, no longer
+    assert 0.0 <= asked[2] < 0.05

@@ -417,6 +417,9 @@ class DFlashApp(App[None]):
         # on this core it competes with the engine (the GIL), so drawing less often keeps decoding fast
         now = time.thread_time()
         spent, self._painted_cpu = now - self._painted_cpu, now
+        if self._handle is not None and not self._handle.showing:
+            self.engine.blocks_shown(0.0)  # nothing of the reply on screen yet: its first words go at once
+            return
         self.engine.blocks_shown(min(MAX_HOLD_S, spent / UI_BUDGET))
 
     def on_turn_done(self, message: msg.TurnDone) -> None:

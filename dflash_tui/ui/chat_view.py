@@ -233,6 +233,11 @@ class AssistantHandle:
     def text(self) -> str:
         return "".join(self._parts)
 
+    @property
+    def showing(self) -> bool:
+        """Some of the reply is on show (its start is not held back any more)."""
+        return bool(self._display)
+
     async def mounted(self) -> None:
         """Wait until the message and its parts are in the DOM."""
         await asyncio.shield(self._mounted)

@@ -265,6 +265,11 @@ class EngineWorker:
             except Exception as exc:  # the pair works; only the speedup stays unknown
                 self._post(msg.BaselineMeasured(None, "probe"))
                 self._post(msg.EngineNotice(f"baseline probe failed: {_first_line(exc)}", "warning"))
+            if pair.draft is not None:
+                try:  # the adaptive block size's cost curve, now rather than in the first reply's wait
+                    self.conversation.block_sizer(block)
+                except Exception as exc:  # the first "auto" turn measures it again
+                    self._post(msg.EngineNotice(f"block-size cost curve not measured: {_first_line(exc)}", "warning"))
 
     def _probe(self, tokens: int) -> None:
         """Measure the target alone on a short prompt, so the meter's speedup is measured, not guessed."""
