@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ui_support import install_placeholders
+from ui_support import FakeConversation, install_placeholders
 
 install_placeholders()
 
@@ -16,23 +16,6 @@ from dflash_tui.ui.commands import parse  # noqa: E402
 from dflash_tui.ui.model_picker import ModelPicker, cached_models, known_pairs  # noqa: E402
 from dflash_tui.ui.themes import ThemeError, load_themes, theme_from_dict  # noqa: E402
 from dflash_tui.ui.worker import FLUSH_INTERVAL_S, EngineWorker, Generate  # noqa: E402
-
-
-class FakeConversation:
-    """Yields the engine's event shapes at a chosen pace; no model."""
-
-    def __init__(self, n: int, cycle_s: float):
-        self.n, self.cycle_s = n, cycle_s
-        self.messages = []
-
-    def generate(self, text, settings, should_cancel):
-        yield Prefill(prompt_tokens=5, cached_tokens=0, seconds=0.01)
-        for i in range(self.n):
-            if should_cancel():
-                break
-            time.sleep(self.cycle_s)
-            yield Block(index=i, drafted=[1, 2, 3], accepted=1, emitted=[1, 9], text="ab")
-        yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
 
 
 def run_fake(n: int, cycle_s: float, ui_keeps_up: bool = True) -> tuple[list, float]:

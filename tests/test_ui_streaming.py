@@ -11,6 +11,7 @@ from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence
 
 from dflash_tui.engine.events import Block, Done, Prefill
+from ui_support import FakeConversation
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.chat_view import ChatView, display_text, open_fence
 from dflash_tui.ui.meter import SystemMeter
@@ -169,19 +170,6 @@ async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_
         meter.set_memory(4, 5, 6)
         assert len(painted) == 3  # between replies, every change is drawn
         await pilot.pause()
-
-
-class FakeConversation:
-    def __init__(self, n: int, cycle_s: float):
-        self.n, self.cycle_s = n, cycle_s
-        self.messages = []
-
-    def generate(self, text, settings, should_cancel):
-        yield Prefill(prompt_tokens=5, cached_tokens=0, seconds=0.01)
-        for i in range(self.n):
-            time.sleep(self.cycle_s)
-            yield Block(index=i, drafted=[1, 2, 3], accepted=1, emitted=[1, 9], text="ab")
-        yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
 
 
 def test_the_worker_holds_the_next_batch_as_long_as_the_ui_asks():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -206,3 +207,22 @@ async def feed_trace(app, pilot, trace: dict, batch: int = 6) -> None:
         if now == last:
             break
         last = now
+
+
+class FakeConversation:
+    """Yields the engine's event shapes at a chosen pace; no model."""
+
+    def __init__(self, n: int, cycle_s: float):
+        self.n, self.cycle_s = n, cycle_s
+        self.messages = []
+
+    def generate(self, text, settings, should_cancel):
+        from dflash_tui.engine.events import Block, Done, Prefill
+
+        yield Prefill(prompt_tokens=5, cached_tokens=0, seconds=0.01)
+        for i in range(self.n):
+            if should_cancel():
+                break
+            time.sleep(self.cycle_s)
+            yield Block(index=i, drafted=[1, 2, 3], accepted=1, emitted=[1, 9], text="ab")
+        yield Done(tokens=[1, 9] * self.n, text="ab" * self.n, finish_reason="length", stats={"mode": "dflash"})
