@@ -10,7 +10,6 @@ from ui_support import FakeConversation, install_placeholders
 
 install_placeholders()
 
-from dflash_tui.engine.events import Block, Done, Prefill  # noqa: E402
 from dflash_tui.ui import messages as msg  # noqa: E402
 from dflash_tui.ui.commands import parse  # noqa: E402
 from dflash_tui.ui.model_picker import ModelPicker, cached_models, known_pairs  # noqa: E402
