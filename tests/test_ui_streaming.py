@@ -13,7 +13,7 @@ from textual.widgets._markdown import MarkdownFence
 from dflash_tui.engine.events import Block, Done, Prefill
 from ui_support import FakeConversation
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.chat_view import ChatView, display_text, open_fence
+from dflash_tui.ui.chat_view import ChatView, display_text, open_fence, open_fence_start
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.throttle import Throttle
 from dflash_tui.ui.worker import EngineWorker, Generate
@@ -39,31 +39,28 @@ def stream(app: Host, markdown_interval: float):
     return handle
 
 
-async def test_the_tail_shows_new_lines_before_the_throttled_parse_and_the_end_is_plain_markdown():
+async def test_a_reply_of_bare_code_streams_in_the_tail_and_is_parsed_once_at_the_end():
     async with Host().run_test(size=(100, 40)) as pilot:
-        handle = stream(pilot.app, markdown_interval=3600)
+        handle = stream(pilot.app, markdown_interval=0)  # prose would be parsed on every batch
         handle.append("def count_lines(path):\n    with open(path) as f:\n")
         await handle.written()
         message = handle.message
-        # the first parse waits an interval too: a reply's first lines show in the tail alone
-        assert message.body.source == "" and message.tail.has_class("-opens")
+        # bare code is one open code block: it grows in the tail, never re-parsed or re-highlighted
+        assert message.body.source == "" and message.tail.has_class("-code")
         assert message.tail_text == "def count_lines(path):\n    with open(path) as f:\n"
-        handle._parsed_at = float("-inf")  # the interval is over: the next batch parses the whole lines
-        parsed = "```python\ndef count_lines(path):\n    with open(path) as f:\n"
         for piece in ["        lines = f.read", "lines()\n", "        return len(", "lines)\n    # done"]:
             handle.append(piece)
             await handle.written()
         await pilot.pause()
-        assert message.body.source == parsed  # not re-parsed within the interval...
-        assert message.tail_text == "        lines = f.readlines()\n        return len(lines)\n    # done"
-        assert message.tail.display and message.tail.has_class("-code")  # ...the tail shows it, lines kept
-        assert message.has_class("-code-tail")  # the code block hands its bottom edge to the tail
+        assert message.body.source == "" and not message.query(MarkdownFence)
+        assert message.tail_text == handle.text  # every line so far, in the code-shaped tail
+        assert message.tail.display and message.tail.has_class("-code")
         await handle.finish(footer="3 tokens")
         await pilot.pause()
         full = handle.text
         assert message.body.source == display_text(full)  # the final rendering: the whole reply as Markdown
         assert [f.code for f in message.query(MarkdownFence)] == [full.rstrip("\n")]
-        assert not message.tail.display and message.tail_text == "" and not message.has_class("-code-tail")
+        assert not message.tail.display and message.tail_text == ""
 
 
 async def test_markdown_catches_up_with_whole_lines_once_the_interval_has_passed():
@@ -78,18 +75,28 @@ async def test_markdown_catches_up_with_whole_lines_once_the_interval_has_passed
         await pilot.pause()
 
 
-async def test_a_fence_opened_in_the_stream_is_started_by_the_tail_not_parsed_empty():
+async def test_a_code_block_grows_in_the_tail_and_goes_into_the_markdown_once_closed():
     async with Host().run_test(size=(100, 40)) as pilot:
-        handle = stream(pilot.app, markdown_interval=0)
+        handle = stream(pilot.app, markdown_interval=3600)  # prose waits; a code block's edges do not
         handle.append("Sure:\n```python\nimport os")
         await handle.written()
         message = handle.message
-        assert message.body.source == "Sure:\n"  # an empty code block would draw a blank line
-        assert message.tail_text == "import os" and message.tail.has_class("-opens")
+        assert message.body.source == "Sure:\n"  # the prose before a block that opens goes up at once
+        assert message.tail_text == "import os" and message.tail.has_class("-code")
         handle.append("\nprint(os.sep)\n")
         await handle.written()
-        assert message.body.source == "Sure:\n```python\nimport os\nprint(os.sep)\n"
-        assert message.tail_text == "" and message.tail.has_class("-code") and not message.tail.has_class("-opens")
+        assert message.body.source == "Sure:\n"  # still open: not parsed, however many lines it has
+        assert message.tail_text == "import os\nprint(os.sep)\n" and message.tail.has_class("-code")
+        handle.append("```\nThat prints the separator")
+        await handle.written()
+        await pilot.pause()
+        # closed: parsed once, at once; the unfinished line after it is plain tail
+        assert message.body.source == "Sure:\n```python\nimport os\nprint(os.sep)\n```\n"
+        assert [f.code for f in message.query(MarkdownFence)] == ["import os\nprint(os.sep)"]
+        assert message.tail_text == "That prints the separator" and not message.tail.has_class("-code")
+        handle.append(".\nIt is / on Linux.\n")
+        await handle.written()
+        assert message.body.source.endswith("```\n")  # prose waits out the interval again
         await pilot.pause()
 
 
@@ -114,6 +121,9 @@ def test_open_fence():
     assert not open_fence("````\na\n```\n````\n")
     assert not open_fence("use ```x``` inline\n")  # backticks in the info string: not a fence
     assert not open_fence("plain text\n")
+    assert open_fence_start("Sure:\n```python\nx = 1\n") == len("Sure:\n")
+    assert open_fence_start("a\n```\nb\n```\n~~~\nc") == len("a\n```\nb\n```\n")  # the open one, not the first
+    assert open_fence_start("a\n```\nb\n```\n") is None
 
 
 def test_throttle_runs_at_once_then_folds_calls_until_the_interval_is_over():
@@ -169,6 +179,25 @@ async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_
         assert painted == [0, 15]  # the end is drawn at once, with every batch in it
         meter.set_memory(4, 5, 6)
         assert len(painted) == 3  # between replies, every change is drawn
+        await pilot.pause()
+
+
+async def test_a_memory_sample_during_a_reply_waits_for_the_next_batch_instead_of_a_frame_of_its_own():
+    class PaneApp(App):
+        def compose(self):
+            yield SystemMeter(repaint_interval=0)  # every batch repaints
+
+    async with PaneApp().run_test(size=(100, 30)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        painted = []
+        repaint = meter._paint.fn
+        meter._paint.fn = lambda: (painted.append(meter.state.active_bytes), repaint())
+        meter.on_prefill(Prefill(10, 0, 0.1))
+        meter.on_blocks([Block(0, [1, 2], 2, [1, 2], "ab")], 0.05)
+        meter.set_memory(7, 8, 9)
+        assert painted == [None, None]  # the prefill and the batch; the sample is only in the state
+        meter.on_blocks([Block(1, [1, 2], 2, [1, 2], "ab")], 0.05)
+        assert painted == [None, None, 7]  # the next batch draws it
         await pilot.pause()
 
 

@@ -7,9 +7,9 @@ it shows what the UI costs the engine. Each TUI run is also divided by the
 headless run just before it: pairs close in time cancel slow drifts in machine
 load, so their median and spread say more than the two medians on a busy machine.
 
-With --block-size auto the app keeps one conversation, whose block sizer (cost
-curve and acceptance) carries over turns, while each headless run starts fresh;
-a fixed --block-size compares like with like.
+The block size is fixed (16) unless --block-size says otherwise: with `auto` the
+app keeps one conversation, whose block sizer (cost curve and acceptance) carries
+over turns, while each headless run starts fresh, which favours the TUI.
 
     python -m dflash_tui.bench.tui_overhead --demo --runs 5
 """
@@ -47,11 +47,13 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
         app.options.max_tokens = max_tokens
         app.options.block_size = block_size if block_size is not None else 0
         seen = app.meter.on_done
+        done = asyncio.Event()
 
         def record(ev):
             rates.append(ev.stats["decode_tps"])
             in_tui.tokens = ev.stats.get("generated_tokens")
             seen(ev)
+            done.set()
 
         app.meter.on_done = record
         for _ in range(runs):
@@ -59,11 +61,11 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
             await app.action_new_chat()
             await pilot.pause(0.2)
             app.prompt.value = prompt
+            done.clear()
             await pilot.press("enter")
-            await pilot.pause(0.2)
-            while app.generating:
-                # not pilot.pause: it messages every widget and forces a repaint each time, which a user's app never does
-                await asyncio.sleep(0.05)
+            # woken by the reply's end: polling (or pilot.pause, which messages every widget and forces a
+            # repaint) would take the GIL from the engine, which a user's app never does
+            await done.wait()
             await pilot.pause(0.2)
     return rates
 
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     add_model_arguments(p)
     p.add_argument("--prompt", default="Write a function that returns the sum of a list of numbers.")
     p.add_argument("--max-tokens", type=int, default=200)
-    p.add_argument("--block-size", default="auto")
+    p.add_argument("--block-size", default="16", help="a number, or auto (see above)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args(argv)
     block = args.block_size if args.block_size == "auto" else int(args.block_size)

@@ -226,8 +226,12 @@ class AcceptanceRows(ScrollView):
                 self._width = max(self._width, self._row_strip(self._dropped + len(self.rows) - 1).cell_length)
         self.virtual_size = Size(self._width, len(self.rows))
         if self._follow and self.is_mounted:
-            self.scroll_end(animate=False, x_axis=False)  # deferred until the new size is laid out
+            self._to_end()
         self.refresh()
+
+    def _to_end(self) -> None:
+        """Show the newest row in this frame (scroll_end waits for the next layout: a frame more)."""
+        self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True, force=True)
 
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
@@ -238,7 +242,11 @@ class AcceptanceRows(ScrollView):
 
     def on_resize(self) -> None:
         if self._follow:
-            self.scroll_end(animate=False, x_axis=False)
+            self._to_end()
+
+    def watch_show_vertical_scrollbar(self, shown: bool) -> None:
+        if shown:  # the rows were scrolled before the layout that shows it: its thumb starts there
+            self.vertical_scrollbar.position = self.scroll_y
 
     def on_mount(self) -> None:
         self._relayout()

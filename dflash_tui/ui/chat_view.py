@@ -1,15 +1,16 @@
 """The conversation: user and assistant messages, notes, and the loading panel.
 
-Assistant replies stream in two parts: the Markdown, re-parsed (and its code
-re-highlighted) at most every MARKDOWN_INTERVAL_S and only up to the last
-complete line, and a plain-text tail under it with the newer text, updated on
-every batch. Parsing a growing code block costs more the longer it gets, and
-the UI thread competes with the engine for the GIL; the tail costs almost
-nothing. The tail takes the look of the code block it continues, and the reply
-gets one full Markdown update at the end, so the final rendering is the plain
-Markdown of the whole text. The view is anchored: it follows the stream while
-the user is at the bottom and stays put once they scroll up (Textual restores
-the anchor when they scroll back).
+Assistant replies stream in two parts: the Markdown, which takes whole lines at
+most every MARKDOWN_INTERVAL_S and a code block only once it is closed, and a
+plain-text tail under it with the newer text (an open code block shaped like
+one), updated on every batch. Parsing and highlighting a growing code block
+costs more the longer it gets, and the UI thread competes with the engine for
+the GIL; the tail costs almost nothing. So each code block is parsed and
+highlighted about once while it streams, and a reply that is all code (bare
+source, as the demo model writes) is parsed once, at the end: the reply gets
+one full Markdown update then, the plain Markdown of the whole text. The view is
+anchored: it follows the stream while the user is at the bottom and stays put
+once they scroll up (Textual restores the anchor when they scroll back).
 """
 
 from __future__ import annotations
@@ -61,20 +62,30 @@ def display_text(text: str) -> str:
     return f"```python\n{text.rstrip(chr(10))}\n```" if looks_like_bare_code(text) else text
 
 
-def open_fence(markdown: str) -> bool:
-    """True when `markdown` ends inside a fenced code block that is not closed yet."""
-    fence = ""
+def open_fence_start(markdown: str) -> Optional[int]:
+    """Where the opening line of a fenced code block that `markdown` ends inside starts; None
+    when every fence is closed."""
+    fence, start, pos = "", None, 0
     for line in markdown.split("\n"):
         m = _FENCE_LINE.match(line)
-        if m is None:
-            continue
-        mark, info = m.group("fence"), m.group("info")
-        if not fence:
-            if not (mark[0] == "`" and "`" in info):  # backticks in the info string: inline code, not a fence
-                fence = mark
-        elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
-            fence = ""
-    return bool(fence)
+        if m is not None:
+            mark, info = m.group("fence"), m.group("info")
+            if not fence:
+                if not (mark[0] == "`" and "`" in info):  # backticks in the info string: inline code, not a fence
+                    fence, start = mark, pos
+            elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
+                fence, start = "", None
+        pos += len(line) + 1
+    return start
+
+
+def open_fence(markdown: str) -> bool:
+    """True when `markdown` ends inside a fenced code block that is not closed yet."""
+    return open_fence_start(markdown) is not None
+
+
+def _has_fence_line(text: str) -> bool:
+    return any(_FENCE_LINE.match(line) for line in text.split("\n"))
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -175,20 +186,17 @@ class AssistantMessage(MessageBlock):
         """The newest streamed text, not parsed as Markdown yet."""
         return self.query_one(".message-tail", Static)
 
-    def show_tail(self, text: str, code: bool = False, opens: bool = False) -> None:
-        """Show `text` under the Markdown: as the rest of its open code block (`code`), or as a new one (`opens`)."""
+    def show_tail(self, text: str, code: bool = False) -> None:
+        """Show `text` under the Markdown: plain, or (`code`) as the body of a code block it opens."""
         tail = self.tail
         self.tail_text = text
-        lines = text.count("\n") + 1 if code or opens else -1  # code does not wrap: its height is its lines
+        lines = text.count("\n") + 1 if code else -1  # code does not wrap: its height is its lines
         tail.update(text, layout=lines < 0 or lines != self._tail_lines)  # same height: a repaint, not a layout
         self._tail_lines = lines
-        tail.set_class(code or opens, "-code")
-        tail.set_class(opens, "-opens")
-        self.set_class(code and not opens, "-code-tail")  # the Markdown's last code block hands its bottom to the tail
-        tail.display = bool(text) or code or opens
+        tail.set_class(code, "-code")
+        tail.display = bool(text) or code
 
     def hide_tail(self) -> None:
-        self.remove_class("-code-tail")
         self._tail_lines = 0
         self.tail_text = ""
         self.tail.update("")
@@ -224,7 +232,6 @@ class AssistantHandle:
         self._parsed = 0  # how much of _display the Markdown widget has
         # the first parse waits an interval too: in a reply's first second the tail alone is cheap to show
         self._parsed_at = time.monotonic()
-        self._code = False  # the parsed part ends inside an open code block
         self._drain: Optional[asyncio.Task] = None
         self._started = False  # the reply's start is known to be prose or bare code
         self.finished = False
@@ -271,34 +278,35 @@ class AssistantHandle:
         await self._mounted
         while self.message.is_attached:  # text appended during a parse is seen on the next round
             cut = self._cut()
-            if cut <= self._parsed or time.monotonic() - self._parsed_at < (self.markdown_interval or 0):
+            chunk = self._display[self._parsed:cut]
+            # prose waits out the interval; at a code block's edges (one that has just closed, or the
+            # prose before one that has just opened) the parse is at once: about twice per block
+            due = (time.monotonic() - self._parsed_at >= (self.markdown_interval or 0)
+                   or _has_fence_line(self._display[self._parsed:]))
+            if not chunk or not due:
                 self._show_tail()
                 return
-            chunk, self._parsed = self._display[self._parsed:cut], cut
+            self._parsed = cut
             self._parsed_at = time.monotonic()
-            self._code = open_fence(self.markdown_source)
             await self.message.body.append(chunk)  # re-parses from the last block only
 
     def _cut(self) -> int:
-        """Where the Markdown may end: after the last whole line, but never right after a fence's opening line."""
+        """Where the Markdown may end: after the last whole line, and before a code block still open."""
         if self.markdown_interval is None:
             return len(self._display)
         cut = self._display.rfind("\n") + 1
-        line_start = self._display.rfind("\n", 0, max(cut - 1, 0)) + 1
-        if cut and _FENCE_LINE.match(self._display, line_start, cut - 1) and open_fence(self._display[:cut]):
-            return line_start  # an empty code block would show a blank line; the tail opens it instead
-        return cut
+        start = open_fence_start(self._display[:cut])
+        return cut if start is None else start
 
     def _show_tail(self) -> None:
         if self.markdown_interval is None:
             return  # everything is in the Markdown
         tail = self._display[self._parsed:]
-        if not self._code:
-            first, newline, rest = tail.partition("\n")
-            if newline and _FENCE_LINE.fullmatch(first):
-                self.message.show_tail(rest, opens=True)
-                return
-        self.message.show_tail(tail, code=self._code)
+        first, newline, rest = tail.partition("\n")
+        if newline and _FENCE_LINE.fullmatch(first):
+            self.message.show_tail(rest, code=True)  # an open code block: its fence line drawn as the block's frame
+        else:
+            self.message.show_tail(tail)
 
     def finish(self, full_text: Optional[str] = None, footer: str = "") -> asyncio.Task:
         """End the stream; `full_text` (the engine's final text) replaces what was streamed."""

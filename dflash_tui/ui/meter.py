@@ -272,7 +272,8 @@ class SystemMeter(Widget):
     def set_memory(self, active_bytes: Optional[int], peak_bytes: Optional[int], rss_bytes: Optional[int]) -> None:
         s = self.state
         s.active_bytes, s.peak_bytes, s.rss_bytes = active_bytes, peak_bytes, rss_bytes
-        self._update()
+        if not s.generating:  # while a reply streams, the next batch's repaint shows it: no frame of its own
+            self._paint.now()
 
     def reset_turns(self) -> None:
         """Forget the turn figures (a replay that jumps), keeping the pair and settings."""

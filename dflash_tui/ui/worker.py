@@ -98,6 +98,7 @@ class EngineWorker:
         self.worker: Any = None  # the Textual worker supervising the thread, when started with an app
         self._stop = threading.Event()
         self._finished = threading.Event()  # set once the thread has released its models and streams
+        self._on_finished: Optional[Callable[[], Any]] = None  # how the thread tells the supervising worker
         self.thread_id: Optional[int] = None
         self.pair = None
         self.conversation = None
@@ -117,9 +118,13 @@ class EngineWorker:
 
         MLX work stays on the dedicated thread, which Textual's pooled thread workers could not give.
         """
+        loop = asyncio.get_running_loop()
+        ended = asyncio.Event()
+        # woken by the thread itself when it ends: no polling timer that would take the GIL from a decode
+        self._on_finished = lambda: loop.call_soon_threadsafe(ended.set)
         try:
-            while not self._finished.is_set():
-                await asyncio.sleep(0.1)
+            if not self._finished.is_set():
+                await ended.wait()
         except asyncio.CancelledError:
             self.stop()
             raise
@@ -171,6 +176,11 @@ class EngineWorker:
         finally:
             self._release()
             self._finished.set()
+            if self._on_finished is not None:
+                try:
+                    self._on_finished()
+                except RuntimeError:  # the app's event loop is already closed
+                    pass
 
     def _release(self) -> None:
         """Drop the models and this thread's MLX streams while Python still runs.
