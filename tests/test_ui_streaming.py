@@ -174,9 +174,9 @@ async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_
         for i in range(5):
             meter.on_blocks([Block(i, [1, 2, 3], 2, [1, 2, 3], "abc")], 0.05)
         meter.set_memory(1, 2, 3)
-        assert painted == [0]  # the prefill painted; the batches and the memory sample wait
+        assert painted == [3]  # the first batch painted, the prefill's figures with it; the rest wait
         meter.on_done(Done([1] * 15, "", "length", {"mode": "dflash", "decode_tps": 99.0}))
-        assert painted == [0, 15]  # the end is drawn at once, with every batch in it
+        assert painted == [3, 15]  # the end is drawn at once, with every batch in it
         meter.set_memory(4, 5, 6)
         assert len(painted) == 3  # between replies, every change is drawn
         await pilot.pause()
@@ -195,9 +195,9 @@ async def test_a_memory_sample_during_a_reply_waits_for_the_next_batch_instead_o
         meter.on_prefill(Prefill(10, 0, 0.1))
         meter.on_blocks([Block(0, [1, 2], 2, [1, 2], "ab")], 0.05)
         meter.set_memory(7, 8, 9)
-        assert painted == [None, None]  # the prefill and the batch; the sample is only in the state
+        assert painted == [None]  # the first batch (the prefill's figures drawn with it); the sample waits
         meter.on_blocks([Block(1, [1, 2], 2, [1, 2], "ab")], 0.05)
-        assert painted == [None, None, 7]  # the next batch draws it
+        assert painted == [None, 7]  # the next batch draws it
         await pilot.pause()
 
 

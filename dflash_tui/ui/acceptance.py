@@ -375,6 +375,7 @@ class AcceptanceView(Widget):
         self.stats.__init__()  # the figures widget holds this same object
         self.rows.clear()
         self._paint_figures.now()
+        self._paint_figures.reset()  # the next reply's first batch draws its figures at once
 
     def set_decoder(self, fn: Optional[Decoder]) -> None:
         """Token id -> its text; rows already shown are redrawn with it."""

@@ -247,7 +247,9 @@ class SystemMeter(Widget):
     # -- the agreed calls -------------------------------------------------------------
     def on_prefill(self, ev: Prefill) -> None:
         self.state.on_prefill(ev)
-        self._update()
+        # the reply's first batch follows within a cycle and draws these figures in its own frame
+        self._paint.reset()
+        self._paint.defer()
 
     def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
         self.state.on_blocks(blocks, elapsed_s)

@@ -41,6 +41,14 @@ class Throttle:
         if self.pending:
             self.now()
 
+    def reset(self) -> None:
+        """Forget the last run: the next call runs at once (a new reply's first batch)."""
+        self._last = float("-inf")
+
+    def defer(self) -> None:
+        """The state changed: draw it with the next call (or `now`), not in a frame of its own."""
+        self.pending = True
+
     def now(self) -> None:
         """Run at once (a final state)."""
         self.pending = False
