@@ -124,8 +124,8 @@ async def test_reply_streams_and_acceptance_rows_match_the_engine(qwen3_dirs, en
     meter_calls = []
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        original = app.meter.on_blocks
-        app.meter.on_blocks = lambda blocks, elapsed: (meter_calls.append((len(blocks), elapsed)), original(blocks, elapsed))
+        original = app.meter.on_batches
+        app.meter.on_batches = lambda batches: (meter_calls.extend((len(b), e) for b, e in batches), original(batches))
         await send(pilot, app, "hello")
         await finish_turn(pilot, app)
 

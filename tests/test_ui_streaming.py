@@ -201,6 +201,36 @@ async def test_a_memory_sample_during_a_reply_waits_for_the_next_batch_instead_o
         await pilot.pause()
 
 
+async def test_the_first_words_are_drawn_alone_and_the_panes_catch_up_with_the_next_batch():
+    from dflash_tui.ui.app import DFlashApp
+
+    def cycle(i: int, text: str) -> Block:
+        return Block(index=i, drafted=[1, 2, 3], accepted=2, emitted=[1, 2, 9], text=text)
+
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.post_message(msg.EngineReady("target", "draft", "cpu", 16, str, 0.1))
+        await pilot.pause()
+        app.start_turn("hi")
+        turn = app.turn_id
+        app.post_message(msg.TurnPrefill(turn, Prefill(5, 0, 0.01)))
+        app.post_message(msg.TurnBlocks(turn, [cycle(0, "Hello "), cycle(1, "there")], 0.02))
+        await pilot.pause()
+        await app._handle.written()
+        assert app._handle.showing and "Hello there" in app._handle.message.tail_text  # the words, at once
+        assert not app.acceptance.rows.rows and app.meter.state.turn_tokens == 0  # the panes wait
+        app.post_message(msg.TurnBlocks(turn, [cycle(2, ", you")], 0.01))
+        await pilot.pause()
+        assert [r.index for r in app.acceptance.rows.rows] == [0, 1, 2]  # caught up, in order
+        assert app.meter.state.turn_tokens == 9 and len(app.meter.state.live) == 2  # each batch its own sample
+        app.post_message(msg.TurnBlocks(turn, [cycle(3, "!")], 0.01))
+        app.post_message(msg.TurnDone(turn, Done([1, 2, 9] * 4, "Hello there, you!", "length", {"mode": "dflash"}), []))
+        await pilot.pause()
+        while app.generating:
+            await pilot.pause(0.05)
+        assert [r.index for r in app.acceptance.rows.rows] == [0, 1, 2, 3]
+
+
 def test_the_worker_holds_the_next_batch_as_long_as_the_ui_asks():
     posted: list = []
 

@@ -118,6 +118,7 @@ class DFlashApp(App[None]):
         self._blink: Optional[bool] = None  # the prompt's cursor blink, while a turn turns it off
         self._turn_user_text: Optional[str] = None
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
+        self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
         self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
         self._theme_save_timer = None
         self._session_after_load = None
@@ -355,6 +356,7 @@ class DFlashApp(App[None]):
         self.generating = True
         self._turn_user_text = text
         self._recorder = TraceRecorder()
+        self._held_for_panes = []
         if text is not None:
             self.chat.add_user(text)
         self._handle = self.chat.start_assistant()
@@ -406,11 +408,20 @@ class DFlashApp(App[None]):
             return
         handle = self._handle
         self._recorder.add_blocks(message.blocks, message.elapsed_s)
+        self._held_for_panes.append((message.blocks, message.elapsed_s))
         with self.batch_update():  # the rows, the meter and the reply in one frame, not three
-            self.acceptance.add_blocks(message.blocks)
-            self.meter.on_blocks(message.blocks, message.elapsed_s)
+            if handle.showing:
+                self._show_in_panes()
+            # else: the batch that puts the reply's first words up draws them alone, at once (the
+            # smallest frame, when the decode is fastest); the panes show its cycles with the next one
             handle.append(message.text)
             await handle.written()
+
+    def _show_in_panes(self) -> None:
+        held, self._held_for_panes = self._held_for_panes, []
+        if held:
+            self.acceptance.add_blocks([b for blocks, _ in held for b in blocks])
+            self.meter.on_batches(held)
 
     def _blocks_painted(self) -> None:
         # what the UI thread spent since the last batch was painted sets how long the next one waits:
@@ -426,6 +437,7 @@ class DFlashApp(App[None]):
         if not self._current(message.turn_id):
             return
         ev = message.event
+        self._show_in_panes()
         self.meter.on_done(ev)
         self._recorder.add(ev)
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
@@ -436,6 +448,7 @@ class DFlashApp(App[None]):
     def on_turn_failed(self, message: msg.TurnFailed) -> None:
         if not self._current(message.turn_id):
             return
+        self._show_in_panes()
         self._handle.finish(None, "failed")
         self.acceptance.show_figures()
         self.chat.add_note(message.message, "error")

@@ -252,7 +252,12 @@ class SystemMeter(Widget):
         self._paint.defer()
 
     def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
-        self.state.on_blocks(blocks, elapsed_s)
+        self.on_batches([(blocks, elapsed_s)])
+
+    def on_batches(self, batches: list[tuple[list[Block], float]]) -> None:
+        """Several batches (blocks, wall seconds) at once: each its own sample, one repaint."""
+        for blocks, elapsed_s in batches:
+            self.state.on_blocks(blocks, elapsed_s)
         self._update(spark=True)
 
     def on_done(self, ev: Done) -> None:
