@@ -62,9 +62,12 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
             await pilot.pause(0.2)
             app.prompt.value = prompt
             done.clear()
-            await pilot.press("enter")
+            # what Enter does, without pilot.press: after a key it polls until the process is idle
+            # (up to twice a second of sleeps at 50 Hz, while the engine decodes), which a user's
+            # keypress never does
+            await app.prompt.action_submit()
             # woken by the reply's end: polling (or pilot.pause, which messages every widget and forces a
-            # repaint) would take the GIL from the engine, which a user's app never does
+            # repaint) would take the GIL from the engine
             await done.wait()
             await pilot.pause(0.2)
     return rates
