@@ -37,3 +37,20 @@ def test_bench_table_with_auto_block(qwen3_dirs):
 
 def test_bench_bad_prompts_file(qwen3_dirs, tmp_path):
     assert_one_line_error(cli("bench", *pair_args(qwen3_dirs), "--prompts", str(tmp_path / "none.txt")), "cannot read prompts")
+
+
+def test_tui_overhead_runs_the_app_and_headless_side_by_side(qwen3_dirs):
+    import os
+    import subprocess
+    import sys
+
+    from test_cli_generate import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "dflash_tui.bench.tui_overhead", *pair_args(qwen3_dirs), "--runs", "2",
+                        "--max-tokens", "12", "--prompt", "hello"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip())
+    assert lines["reply"].startswith("12 tokens headless, 12 in the TUI")  # the same reply length both ways
+    assert len(lines["headless"].split("runs ")[1].split(",")) == 2 and len(lines["in"].split("runs ")[1].split(",")) == 2
+    assert "%" in lines["TUI"] and "median" in lines["paired"]
