@@ -90,6 +90,26 @@ def test_exact_rows_do_not_depend_on_the_row_count():
             assert np.array_equal(np.array(fn(x[:, i : i + 1]))[0, 0], block[0, i]), i
 
 
+def test_a_converted_weight_gives_way_to_transposed_slabs_whose_rows_do_not_depend_on_the_row_count():
+    layer = _linear(384, 3000, False, dtype=mx.bfloat16)  # 1536 KB slabs of 1024 output columns: three
+    cpu_linear.use_numpy(layer)
+    cpu_linear.prepare(layer)
+    w = cpu_linear._weight(layer)
+    assert w.transposed and w._w is None  # one fp32 copy, in the exact flavour's layout
+    assert [s.shape for s in w.slabs] == [(384, 1024), (384, 1024), (384, 952)]
+    x = mx.random.normal((1, 16, 384)).astype(mx.bfloat16)
+    block = np.array(layer(x).astype(mx.float32))
+    for i in range(16):
+        assert np.array_equal(np.array(layer(x[:, i : i + 1]).astype(mx.float32))[0, 0], block[0, i]), i
+    want = (x.astype(mx.float32) @ layer.weight.astype(mx.float32).T).astype(mx.bfloat16)
+    assert mx.allclose(layer(x).astype(mx.float32), want.astype(mx.float32), rtol=1e-2, atol=1e-2).item()
+    assert np.array_equal(w.w, np.array(layer.weight.astype(mx.float32)))  # a fast call rebuilds [N, K]
+    tied = nn.Embedding(3000, 384)
+    tied.weight = tied.weight.astype(mx.bfloat16)
+    cpu_linear.use_numpy(tied)
+    assert not cpu_linear._weight(tied).transposed  # a head the draft reads out through keeps one layout
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_equals_the_fused_kernel(causal):
     mx.random.seed(1)
