@@ -13,7 +13,7 @@ from textual.widgets._markdown import MarkdownFence
 from dflash_tui.engine.events import Block, Done, Prefill
 from ui_support import FakeConversation
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.chat_view import ChatView, display_text, open_fence, open_fence_start
+from dflash_tui.ui.chat_view import ChatView, display_text, open_fence_start
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.throttle import Throttle
 from dflash_tui.ui.worker import EngineWorker, Generate
@@ -114,7 +114,10 @@ async def test_a_reply_cut_short_keeps_everything_it_streamed():
         assert handle.message.raw_text == text and not handle.message.tail.display
 
 
-def test_open_fence():
+def test_open_fence_start():
+    def open_fence(markdown: str) -> bool:
+        return open_fence_start(markdown) is not None
+
     assert open_fence("```python\nx = 1\n")
     assert not open_fence("```python\nx = 1\n```\n")
     assert open_fence("~~~\na\n```\n")  # a backtick line does not close a tilde fence
@@ -160,16 +163,27 @@ def test_throttle_draws_a_folded_call_once_at_the_end_of_the_interval():
     assert unscheduled.pending and not unscheduled._scheduled  # it tries again on the next call
 
 
-async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_it_ends():
-    class PaneApp(App):
-        def compose(self):
-            yield SystemMeter(repaint_interval=3600)
+class MeterApp(App):
+    def __init__(self, repaint_interval: float) -> None:
+        super().__init__()
+        self.repaint_interval = repaint_interval
 
-    async with PaneApp().run_test(size=(100, 30)) as pilot:
+    def compose(self):
+        yield SystemMeter(repaint_interval=self.repaint_interval)
+
+
+def record_repaints(meter: SystemMeter, field: str) -> list:
+    """The meter's state `field` at each repaint."""
+    painted = []
+    repaint = meter._paint.fn
+    meter._paint.fn = lambda: (painted.append(getattr(meter.state, field)), repaint())
+    return painted
+
+
+async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_it_ends():
+    async with MeterApp(repaint_interval=3600).run_test(size=(100, 30)) as pilot:
         meter = pilot.app.query_one(SystemMeter)
-        painted = []
-        repaint = meter._paint.fn
-        meter._paint.fn = lambda: (painted.append(meter.state.turn_tokens), repaint())
+        painted = record_repaints(meter, "turn_tokens")
         meter.on_prefill(Prefill(10, 0, 0.1))
         for i in range(5):
             meter.on_blocks([Block(i, [1, 2, 3], 2, [1, 2, 3], "abc")], 0.05)
@@ -183,15 +197,9 @@ async def test_the_meter_repaints_seldom_while_a_reply_streams_and_at_once_when_
 
 
 async def test_a_memory_sample_during_a_reply_waits_for_the_next_batch_instead_of_a_frame_of_its_own():
-    class PaneApp(App):
-        def compose(self):
-            yield SystemMeter(repaint_interval=0)  # every batch repaints
-
-    async with PaneApp().run_test(size=(100, 30)) as pilot:
+    async with MeterApp(repaint_interval=0).run_test(size=(100, 30)) as pilot:  # every batch repaints
         meter = pilot.app.query_one(SystemMeter)
-        painted = []
-        repaint = meter._paint.fn
-        meter._paint.fn = lambda: (painted.append(meter.state.active_bytes), repaint())
+        painted = record_repaints(meter, "active_bytes")
         meter.on_prefill(Prefill(10, 0, 0.1))
         meter.on_blocks([Block(0, [1, 2], 2, [1, 2], "ab")], 0.05)
         meter.set_memory(7, 8, 9)

@@ -79,11 +79,6 @@ def open_fence_start(markdown: str) -> Optional[int]:
     return start
 
 
-def open_fence(markdown: str) -> bool:
-    """True when `markdown` ends inside a fenced code block that is not closed yet."""
-    return open_fence_start(markdown) is not None
-
-
 def _has_fence_line(text: str) -> bool:
     return any(_FENCE_LINE.match(line) for line in text.split("\n"))
 
