@@ -128,6 +128,46 @@ def test_train_draft_cli_end_to_end_and_resume(tiny_target, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 50
 
 
+def test_init_from_a_saved_draft_goes_on_from_its_weights(tiny_target, tmp_path, capsys):
+    from mlx.utils import tree_flatten
+
+    from dflash_tui.cli import main
+    from dflash_tui.engine.loading import load_target
+    from dflash_tui.training.trainer import TrainConfig, init_draft, make_draft_config
+    from dflash_tui.engine.draft import DFlashDraft
+
+    prompts = _prompts_file(tmp_path / "prompts.jsonl", 12)
+    first = tmp_path / "first"
+    common = ["train-draft", "--target", str(tiny_target), "--prompts", str(prompts), "--layers", "1",
+              "--block-size", "4", "--batch-size", "4", "--anchors", "4", "--seq-len", "64", "--max-new-tokens", "16",
+              "--lr", "3e-3", "--eval-prompts", "0", "--checkpoint-every", "0", "--no-compile"]
+    assert main(common + ["--out", str(first), "--steps", "30"]) == 0
+    first_loss = json.loads((first / "trainer_state" / "metrics.json").read_text())["train"]["final_loss"]
+
+    # the new run's draft starts as the saved one, not as a copy of the target's layers
+    target = load_target(str(tiny_target))
+    cfg = TrainConfig(layers=1, block_size=4, init=str(first))
+    draft = DFlashDraft(make_draft_config(target, cfg))
+    assert init_draft(draft, target, cfg.init, seed=1) > 0
+    saved = dict(tree_flatten(load_draft(str(first), dtype=mx.float32).parameters()))
+    for name, value in tree_flatten(draft.parameters()):
+        assert mx.array_equal(value, saved[name]).item(), name
+
+    # and a run that goes on from it starts near where the first one ended
+    second = tmp_path / "second"
+    assert main(common + ["--out", str(second), "--steps", "5", "--init", str(first), "--lr", "1e-4"]) == 0
+    capsys.readouterr()
+    fresh_first = json.loads((first / "trainer_state" / "metrics.json").read_text())["train"]["first_loss"]
+    went_on = json.loads((second / "trainer_state" / "metrics.json").read_text())["train"]["first_loss"]
+    assert abs(went_on - first_loss) < abs(fresh_first - first_loss)
+
+    # a checkpoint of another shape is one clear error
+    rc = main(common + ["--out", str(tmp_path / "third"), "--steps", "1", "--init", str(first), "--layers", "2"])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "shape differs" in err and "num_hidden_layers" in err and "Traceback" not in err
+
+
 def test_resume_without_a_run_is_one_clear_error(tiny_target, tmp_path, capsys):
     from dflash_tui.cli import main
 

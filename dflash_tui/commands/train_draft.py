@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--max-new-tokens", type=int, default=384, help="longest regenerated reply")
     parser.add_argument("--gamma", type=float, help="position-weight decay (default 7 for blocks of 16)")
-    parser.add_argument("--init", choices=["copy", "random"], default="copy", help="start from the target's last layers")
+    parser.add_argument("--init", default="copy", metavar="copy|random|DIR",
+                        help="start from the target's last layers (copy), at random, or from a saved draft DIR")
     parser.add_argument("--mask-token-id", type=int, help="default: the tokenizer's <|mask|>")
     parser.add_argument("--checkpoint-every", type=int, default=500, metavar="N")
     parser.add_argument("--eval-prompts", type=int, default=8, metavar="N", help="held out from FILE for the final tokens-per-cycle check")

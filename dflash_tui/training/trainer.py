@@ -58,7 +58,7 @@ class TrainConfig:
     gamma: Optional[float] = None
     checkpoint_every: int = 500
     seed: int = 0
-    init: str = "copy"  # "copy": start from the target's last layers; "random"
+    init: str = "copy"  # "copy": start from the target's last layers; "random"; or a draft checkpoint to go on from
     mask_token_id: Optional[int] = None
     eval_max_tokens: int = 256
     compile: bool = True
@@ -132,7 +132,7 @@ def init_draft(draft: DFlashDraft, target: Target, mode: str, seed: int) -> int:
         mx.eval(draft.parameters())
         return 0
     if mode != "copy":
-        raise UserError(f"unknown --init {mode!r} (copy or random)")
+        return _init_from_checkpoint(draft, Path(mode))
     n, N = target.num_layers, len(draft.layers)
     copied = []
     for i, layer in enumerate(draft.layers):
@@ -149,6 +149,22 @@ def init_draft(draft: DFlashDraft, target: Target, mode: str, seed: int) -> int:
     draft.load_weights(copied, strict=False)
     mx.eval(draft.parameters())
     return len(copied)
+
+
+def _init_from_checkpoint(draft: DFlashDraft, path: Path) -> int:
+    """Start from a saved draft of the same shape (a longer run that goes on from a finished one)."""
+    if not (path / "config.json").is_file():
+        raise UserError(f"--init {str(path)!r}: expected copy, random or a draft checkpoint directory")
+    saved = load_draft(str(path), dtype=mx.float32)
+    # compared as they would be read back from config.json (defaults filled in alike)
+    theirs, ours = (asdict(DraftConfig.from_dict(c.to_dict())) for c in (saved.config, draft.config))
+    differ = sorted(k for k in theirs if theirs[k] != ours[k])
+    if differ:
+        raise UserError(f"--init {path}: the checkpoint's shape differs from this run's in {', '.join(differ)}")
+    params = tree_flatten(saved.parameters())
+    draft.load_weights(params, strict=True)
+    mx.eval(draft.parameters())
+    return len(params)
 
 
 # -- data ------------------------------------------------------------------
