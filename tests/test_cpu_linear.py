@@ -11,6 +11,7 @@ import pytest
 
 from conftest import _build_pair, oracle_proposer, reference_tokens
 from dflash_tui.engine import cpu_linear
+from dflash_tui.engine.cpu_draft import HostKVCache
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Block
 from dflash_tui.engine.loading import load_pair
@@ -173,16 +174,37 @@ def test_numpy_draft_forward_equals_the_mlx_one(numpy_pair):
     _, feats = target.forward(mx.array([[3, 4, 5, 6, 7, 8, 9]]), target.make_cache())
     block = target.embed(mx.array([[9] + [draft.config.mask_token_id] * 7]))
     outs, caches = [], []
-    for call, append in ((draft.__call__, draft.append_context),
-                         (lambda *a: base.__call__(draft, *a), lambda *a: base.append_context(draft, *a))):
-        cache = draft.make_cache()
+    for call, append, make in ((draft.__call__, draft.append_context, draft.make_cache),
+                               (lambda *a: base.__call__(draft, *a), lambda *a: base.append_context(draft, *a),
+                                lambda: base.make_cache(draft))):
+        cache = make()
         append(feats[:, :4], cache)
         outs.append(call(block, feats[:, 4:], cache))
         caches.append(cache)
+    assert all(isinstance(c, HostKVCache) for c in caches[0]) and draft.cache_arrays(caches[0]) == []
     assert mx.allclose(outs[0], outs[1], atol=1e-4).item()
     for a, b in zip(*caches):
         assert a.offset == b.offset == 4 + 3 + 8
-        assert mx.allclose(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :], atol=1e-4).item()
+        assert np.allclose(a.host_keys[..., : a.offset, :], np.array(b.keys[..., : b.offset, :]), atol=1e-4)
+        assert np.allclose(a.host_values[..., : a.offset, :], np.array(b.values[..., : b.offset, :]), atol=1e-4)
+    # a trim drops the tail; what is written next lands after the kept part
+    cache = caches[0]
+    kept = cache[0].host_keys[..., :5, :].copy()
+    assert cache[0].trim(10) == 10 and cache[0].offset == 5
+    draft.append_context(feats[:, 4:6], cache)
+    assert cache[0].offset == 7 and np.array_equal(cache[0].host_keys[..., :5, :], kept)
+
+
+def test_host_kv_cache_grows_and_keeps_what_it_holds():
+    cache = HostKVCache()
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((1, 2, n, 4)).astype(np.float32) for n in (3, 250, 9)]
+    for i, p in enumerate(parts):
+        keys, values = cache.append(p, -p)
+        assert keys.shape[2] == cache.offset == sum(q.shape[2] for q in parts[: i + 1])
+    whole = np.concatenate(parts, axis=2)
+    assert cache.host_keys.shape[2] == 2 * HostKVCache.step  # grew once, in a step
+    assert np.array_equal(keys, whole) and np.array_equal(values, -whole)
 
 
 # -- the whole loop ------------------------------------------------------------------------

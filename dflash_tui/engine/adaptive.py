@@ -27,7 +27,7 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
     ctx = mx.arange(context)[None] % max(2, target.vocab_size - 1)
     _, feats = target.forward(ctx, cache)
     draft.append_context(feats, dcache)
-    mx.eval([c.state for c in cache], [(c.keys, c.values) for c in dcache])
+    mx.eval([c.state for c in cache], draft.cache_arrays(dcache))
     costs: dict[int, float] = {}
 
     def once(b: int) -> float:

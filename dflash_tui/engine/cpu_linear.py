@@ -7,7 +7,7 @@ here. `use_numpy` swaps, per instance (the way `engine/target.py` swaps layer
 classes), a model's `nn.Linear` layers, its tied head (`Embedding.as_linear`),
 its SwiGLU MLPs (one trip to numpy each) and its attention for subclasses that
 compute in numpy on fp32 copies of the weights and hand back an `mx.array`; the
-DFlash draft gets a whole numpy forward (its KV caches stay MLX's). Quantized
+DFlash draft gets a whole numpy forward (`cpu_draft`). Quantized
 layers are left alone.
 
 Two flavours:
@@ -264,6 +264,11 @@ class NumpyLinear(nn.Linear):
         return _product(self, x, exact)
 
 
+def mark_draft_read_out() -> None:
+    """The draft's forward just ended: the next head call reads it out (see NumpyEmbedding)."""
+    _local.draft_head = True
+
+
 def _draft_read_out() -> bool:
     """Whether this head call reads out the draft's forward (see NumpyEmbedding); once only."""
     mine = getattr(_local, "draft_head", False)
@@ -396,116 +401,6 @@ _ATTENTION_HOOKS: dict[str, Callable[[Callable, bool], Callable]] = {
 }
 
 
-# -- the draft: a numpy forward ------------------------------------------------
-
-def _rms_norm(x: np.ndarray, norm: nn.Module) -> np.ndarray:
-    w = _weight_vector(norm)
-    return x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + np.float32(norm.eps)) * w
-
-
-def _weight_vector(module: nn.Module) -> np.ndarray:
-    cache = module.__dict__.get("_dflash_np")
-    if cache is None or cache[0] is not module.weight:
-        cache = (module.weight, np.array(module.weight.astype(mx.float32)))
-        object.__setattr__(module, "_dflash_np", cache)
-    return cache[1]
-
-
-def _rope(x: np.ndarray, rope: nn.Module, offset: int) -> np.ndarray:
-    """nn.RoPE (rotate-half form) on x [B, H, L, D], positions offset..offset+L-1."""
-    half = rope.dims // 2
-    inv = np.power(np.float32(rope.base), -np.arange(0, rope.dims, 2, dtype=np.float32) / np.float32(rope.dims))
-    theta = ((offset + np.arange(x.shape[2], dtype=np.float32)) * np.float32(rope.scale))[:, None] * inv
-    cos, sin = np.cos(theta), np.sin(theta)
-    x1, x2 = x[..., :half], x[..., half : rope.dims]
-    out = x.copy()
-    out[..., :half] = x1 * cos - x2 * sin
-    out[..., half : rope.dims] = x1 * sin + x2 * cos
-    return out
-
-
-def _heads(y: np.ndarray, n: int) -> np.ndarray:
-    """[B, L, n*D] -> [B, n, L, D]."""
-    B, L, _ = y.shape
-    return y.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
-
-
-def _draft_numpy_ok(draft: nn.Module) -> bool:
-    """The numpy forward covers the draft when all its parts are the plain kinds it implements
-    and its attention runs MLX's fused kernel (another mode is one chosen on purpose)."""
-    for layer in draft.layers:
-        a = layer.self_attn
-        if getattr(a, "mode", "fused") != "fused":
-            return False
-        parts = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-        if not all(type(m) is NumpyLinear and "bias" not in m for m in parts) or type(a.rope) is not nn.RoPE \
-                or a.rope.traditional or not all(type(n) is nn.RMSNorm for n in (a.q_norm, a.k_norm, layer.input_layernorm,
-                                                                                  layer.post_attention_layernorm)):
-            return False
-    return type(draft.fc) is NumpyLinear and type(draft.norm) is nn.RMSNorm and type(draft.hidden_norm) is nn.RMSNorm
-
-
-def _draft_attention(a: nn.Module, ctx: Optional[np.ndarray], x: Optional[np.ndarray], cache, dtype: mx.Dtype):
-    """DraftAttention on host rows: the context's K/V (if any) and the block's are appended to
-    `cache` in one update (the block's positions follow the context's); returns the block's
-    attention output after o_proj [B, L, H] (None without a block). One gemm projects q, k and v of all rows."""
-    rows = x if ctx is None else (ctx if x is None else np.concatenate([ctx, x], axis=1))
-    T = 0 if ctx is None else ctx.shape[1]
-    qd, kd = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
-    if x is None:
-        kv = _rows(_stacked(a, "_dflash_kv", (a.k_proj, a.v_proj)), rows)
-        k, v = kv[..., :kd], kv[..., kd:]
-    else:
-        qkv = _rows(_stacked(a, "_dflash_qkv", (a.q_proj, a.k_proj, a.v_proj)), rows)
-        q, k, v = qkv[:, T:, :qd], qkv[..., qd : qd + kd], qkv[..., qd + kd :]
-    start = cache.offset
-    k = _rope(_rms_norm(_heads(k, a.n_kv_heads), a.k_norm), a.rope, start)
-    keys, values = cache.update_and_fetch(mx.array(np.ascontiguousarray(k)).astype(dtype),
-                                          mx.array(np.ascontiguousarray(_heads(v, a.n_kv_heads))).astype(dtype))
-    if x is None:
-        return None
-    L = x.shape[1]
-    q = _rope(_rms_norm(_heads(q, a.n_heads), a.q_norm), a.rope, start + T)
-    keys, values = _host(keys), _host(values)
-    if a.window is not None and keys.shape[2] > a.window + L:
-        keys, values = keys[:, :, -(a.window + L) :], values[:, :, -(a.window + L) :]
-    o = attend(q, keys, values, a.scale, causal=False, exact=False)
-    return _rows(_weight(a.o_proj), o.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1))
-
-
-def _fused(draft: nn.Module, features: Optional[mx.array]) -> Optional[np.ndarray]:
-    """hidden_norm(fc(features)) on host: the draft's context for new target features."""
-    if features is None or features.shape[1] == 0:
-        return None
-    return _rms_norm(_rows(_weight(draft.fc), _host(features)), draft.hidden_norm)
-
-
-def _draft_call(self, block_embeds: mx.array, features: Optional[mx.array], cache: list) -> mx.array:
-    """DFlashDraft.__call__ in numpy (the KV caches stay MLX's); its read-out through the
-    target's head comes next and needs no exact rows."""
-    if not _draft_numpy_ok(self):
-        out = type(self)._dflash_numpy_base.__call__(self, block_embeds, features, cache)
-    else:
-        dtype = self.fc.weight.dtype
-        ctx = _fused(self, features)
-        h = np.array(_host(block_embeds))
-        for layer, c in zip(self.layers, cache):
-            h += _draft_attention(layer.self_attn, ctx, _rms_norm(h, layer.input_layernorm), c, dtype)
-            h += _mlp_host(layer.mlp, _rms_norm(h, layer.post_attention_layernorm), exact=False)
-        out = mx.array(_rms_norm(h, self.norm)).astype(dtype)
-    _local.draft_head = True
-    return out
-
-
-def _draft_append_context(self, features: mx.array, cache: list) -> None:
-    if not _draft_numpy_ok(self):
-        return type(self)._dflash_numpy_base.append_context(self, features, cache)
-    ctx = _fused(self, features)
-    if ctx is not None:
-        for layer, c in zip(self.layers, cache):
-            _draft_attention(layer.self_attn, ctx, None, c, self.fc.weight.dtype)
-
-
 # -- swapping -----------------------------------------------------------------
 
 _classes: dict[tuple[type, bool], Optional[type]] = {}
@@ -520,7 +415,9 @@ def _numpy_class(cls: type, exact: bool) -> Optional[type]:
     if _is_swiglu_mlp(cls):
         body = {"__call__": _mlp_call}
     elif cls.__name__ == "DFlashDraft":
-        body = {"__call__": _draft_call, "append_context": _draft_append_context}
+        from dflash_tui.engine import cpu_draft  # it builds on this module's products
+
+        body = cpu_draft.numpy_draft_methods()
     else:
         fn = cls.__call__
         g, code = getattr(fn, "__globals__", {}), getattr(fn, "__code__", None)

@@ -383,6 +383,11 @@ class DFlashDraft(nn.Module):
     def make_cache(self) -> list[KVCache]:
         return [make_kv_cache(self.attention_mode) for _ in self.layers]
 
+    @staticmethod
+    def cache_arrays(cache: list) -> list[tuple[mx.array, mx.array]]:
+        """The MLX arrays of a cache, to evaluate (a numpy draft's host caches have none)."""
+        return [(c.keys, c.values) for c in cache if getattr(c, "keys", None) is not None]
+
     def fuse(self, features: mx.array) -> mx.array:
         """[B, L, k*H] concatenated target features -> [B, L, H] draft context."""
         return self.hidden_norm(self.fc(features.astype(self.fc.weight.dtype)))

@@ -90,4 +90,4 @@ class DecodeState:
     def _draft_state(self) -> list:
         if self.draft_cache is None:
             return []
-        return [(c.keys, c.values) for c in self.draft_cache if c.keys is not None]
+        return self.draft.cache_arrays(self.draft_cache)
