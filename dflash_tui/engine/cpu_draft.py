@@ -23,8 +23,8 @@ from dflash_tui.engine.cpu_linear import NumpyLinear, _host, _mlp_host, _rows, _
 class HostKVCache:
     """One draft layer's K/V as fp32 host arrays [B, Hkv, capacity, D] that grow in steps.
 
-    Keeps mlx-lm's cache contract where the engine uses it (`offset`, `trim`); it
-    has no MLX arrays to evaluate."""
+    Keeps mlx-lm's cache contract where the engine uses a draft cache (`offset`,
+    `trim`); it has no MLX arrays to evaluate."""
 
     step = 256
 
@@ -50,17 +50,10 @@ class HostKVCache:
         self.offset = end
         return self.host_keys[:, :, :end], self.host_values[:, :, :end]
 
-    def is_trimmable(self) -> bool:
-        return True
-
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
         self.offset -= n
         return n
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self.host_keys is None else self.host_keys.nbytes + self.host_values.nbytes
 
 
 # -- pieces ---------------------------------------------------------------------

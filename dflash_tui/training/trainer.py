@@ -120,19 +120,20 @@ def make_draft_config(target: Target, cfg: TrainConfig) -> DraftConfig:
 
 
 def init_draft(draft: DFlashDraft, target: Target, mode: str, seed: int) -> int:
-    """Seeded init; with "copy", draft layer i starts as target layer n-N+i wherever names and shapes match.
+    """Seeded init; with "copy", draft layer i starts as target layer n-N+i wherever names and shapes match;
+    any other mode names a saved draft of the same shape to start from.
 
     Returns how many tensors were copied. The fused context starts as the
     deepest captured layer's features (an identity block in `fc`).
     """
+    if mode not in ("copy", "random"):
+        return _init_from_checkpoint(draft, Path(mode))
     mx.random.seed(seed)
     fresh = DFlashDraft(draft.config)
     draft.update(fresh.parameters())
     if mode == "random":
         mx.eval(draft.parameters())
         return 0
-    if mode != "copy":
-        return _init_from_checkpoint(draft, Path(mode))
     n, N = target.num_layers, len(draft.layers)
     copied = []
     for i, layer in enumerate(draft.layers):
@@ -423,7 +424,7 @@ def train_draft(target: Target, prompts: Sequence[list[dict[str, str]]], out_dir
         draft = DFlashDraft(dcfg)
         copied = init_draft(draft, target, cfg.init, cfg.seed)
         log(f"[draft] {dcfg.num_hidden_layers} layers, target layers {dcfg.target_layer_ids}, block {dcfg.block_size}, "
-            f"{sum(v.size for _, v in tree_flatten(draft.parameters())) / 1e6:.2f}M params, {copied} tensors from the target")
+            f"{sum(v.size for _, v in tree_flatten(draft.parameters())) / 1e6:.2f}M params, {copied} tensors from {'the target' if cfg.init == 'copy' else cfg.init}")
         if data is None:
             tic = time.perf_counter()
             data = build_sequences(target, [prompt_ids(target.tokenizer, m) for m in prompts], cfg)
