@@ -93,6 +93,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    help="the draft's start: the target's last layers, random, or a saved draft to go on training")
     p.add_argument("--draft-steps", type=int)
     p.add_argument("--draft-seconds", type=float, default=340.0)
+    p.add_argument("--draft-checkpoint-every", type=int, default=0, metavar="STEPS",
+                   help="also save a usable draft under WORK/draft_run every STEPS steps (0: only at the end)")
     p.add_argument("--regen-prompts", type=int, default=200000)
     p.add_argument("--regen-seconds", type=float, default=160.0)
     p.add_argument("--regen-batch", type=int, default=4096)
@@ -188,7 +190,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                       lr=args.draft_lr, batch_size=args.draft_batch, anchors=args.anchors, seq_len=args.seq_len,
                       max_new_tokens=args.max_new_tokens, regen_batch=args.regen_batch, regen_finish=args.regen_finish,
                       regen_seconds=args.regen_seconds, seed=args.seed, eval_max_tokens=args.eval_max_tokens,
-                      checkpoint_every=0, init=args.draft_init, compile=not args.no_compile)
+                      checkpoint_every=args.draft_checkpoint_every, init=args.draft_init, compile=not args.no_compile)
     data = Sequences.load(args.sequences) if args.sequences else None
     if args.regen_only:
         tic = time.perf_counter()
