@@ -195,6 +195,32 @@ def test_numpy_draft_forward_equals_the_mlx_one(numpy_pair):
     assert cache[0].offset == 7 and np.array_equal(cache[0].host_keys[..., :5, :], kept)
 
 
+def test_a_host_draft_step_equals_the_mlx_one(tied_pair, numpy_pair, monkeypatch):
+    """With a tied head the whole draft step (lookup, forward, read-out) runs in numpy and
+    gives the logits the MLX-side step gives; an untied head keeps the MLX-side step."""
+    from dflash_tui.engine import cpu_draft, speculative
+    from dflash_tui.engine.state import DecodeState
+
+    assert cpu_draft.host_parts(numpy_pair.target, numpy_pair.draft, numpy_pair.draft.make_cache()) is None
+    target, draft = tied_pair.target, tied_pair.draft
+    results = []
+    for host in (True, False):
+        if not host:
+            monkeypatch.setattr(cpu_draft, "host_parts", lambda *a: None)
+        state = DecodeState(target, draft)
+        state.prefill([5, 6, 7, 8, 9, 10])
+        _, feats = target.forward(mx.array([[11, 12, 13]]), state.target_cache)
+        state.tokens += [11, 12, 13]
+        state.pending.append(feats)
+        logits = speculative.draft_logits(state, 14, 6)
+        assert isinstance(logits, np.ndarray) == host
+        results.append((np.array(logits), state.draft_len, [c.offset for c in state.draft_cache]))
+    (a, len_a, off_a), (b, len_b, off_b) = results
+    assert a.shape == b.shape == (5, target.vocab_size)
+    assert np.allclose(a, b, atol=1e-3) and np.array_equal(a.argmax(-1), b.argmax(-1))
+    assert len_a == len_b == 9 and off_a == off_b == [9] * len(draft.layers)  # the block's own K/V is not kept
+
+
 def test_host_kv_cache_grows_and_keeps_what_it_holds():
     cache = HostKVCache()
     rng = np.random.default_rng(0)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from dflash_tui.engine.cpu_linear import NumpyLinear, _host, _mlp_host, _rows, _stacked, _weight, attend, mark_draft_read_out
+from dflash_tui.engine.cpu_linear import NumpyEmbedding, NumpyLinear, _Weight, _host, _mlp_host, _rows, _stacked, _weight, attend, mark_draft_read_out
 
 
 class HostKVCache:
@@ -155,20 +155,49 @@ def _make_cache(self) -> list:
     return type(self)._dflash_numpy_base.make_cache(self)
 
 
+def _forward(self, h: np.ndarray, features: Optional[mx.array], cache: list) -> np.ndarray:
+    """The draft's layers on host rows h [B, L, H] (fp32, updated in place) -> norm(h)."""
+    ctx = _fused(self, features)
+    for layer, c in zip(self.layers, cache):
+        h += _attention(layer.self_attn, ctx, _rms_norm(h, layer.input_layernorm), c)
+        h += _mlp_host(layer.mlp, _rms_norm(h, layer.post_attention_layernorm), exact=False)
+    return _rms_norm(h, self.norm)
+
+
 def _call(self, block_embeds: mx.array, features: Optional[mx.array], cache: list) -> mx.array:
     """DFlashDraft.__call__ in numpy; its read-out through the target's head comes next and
     needs no exact rows."""
     if not _on_host(cache):
         out = type(self)._dflash_numpy_base.__call__(self, block_embeds, features, cache)
     else:
-        ctx = _fused(self, features)
-        h = np.array(_host(block_embeds))
-        for layer, c in zip(self.layers, cache):
-            h += _attention(layer.self_attn, ctx, _rms_norm(h, layer.input_layernorm), c)
-            h += _mlp_host(layer.mlp, _rms_norm(h, layer.post_attention_layernorm), exact=False)
-        out = mx.array(_rms_norm(h, self.norm)).astype(self.fc.weight.dtype)
+        out = mx.array(_forward(self, np.array(_host(block_embeds)), features, cache)).astype(self.fc.weight.dtype)
     mark_draft_read_out()
     return out
+
+
+def host_parts(target: Any, draft: nn.Module, cache: Any) -> Optional[tuple[_Weight, _Weight]]:
+    """(embedding rows, head) as fp32 host weights when a whole draft step can stay on the host:
+    the numpy forward with host caches, and a tied head already copied for numpy (its rows are
+    the embedding table, so the lookup needs no MLX call); else None."""
+    embed = target.backbone.embed_tokens
+    if not _on_host(cache) or not hasattr(draft, "_dflash_numpy_base") or not target.args.tie_word_embeddings \
+            or type(embed) is not NumpyEmbedding:
+        return None
+    w = _weight(embed)
+    return w, w
+
+
+def block_logits(draft: nn.Module, parts: tuple[_Weight, _Weight], token: int, b: int,
+                 features: Optional[mx.array], cache: list) -> np.ndarray:
+    """One draft step on the host: the forward over [token, MASK x (b-1)], then the read-out
+    of the b-1 proposals through the target's head (the fast flavour) -> logits [b-1, V].
+    The embedding rows are the fp32 copy of the table MLX would look them up in: the same values."""
+    table, head = parts
+    ids = [token] + [draft.config.mask_token_id] * (b - 1)
+    hidden = _forward(draft, table.w[ids][None], features, cache)
+    for c in cache:
+        c.trim(b)  # the block's own K/V is never kept
+    return head.fast(np.ascontiguousarray(hidden[0, 1:]))
 
 
 def _append_context(self, features: mx.array, cache: list) -> None:

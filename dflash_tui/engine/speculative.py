@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
+import numpy as np
 
 from dflash_tui.engine.sampling import (
     KeyStream,
@@ -19,6 +20,7 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
+from dflash_tui.engine import cpu_draft
 from dflash_tui.engine.adaptive import BlockSizer
 from dflash_tui.engine.state import DecodeState
 
@@ -35,9 +37,13 @@ class Cycle:
     rollback_ms: float
 
 
-def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
-    """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals ([b-1, V], lazy)."""
+def draft_logits(state: DecodeState, token: int, b: int) -> "mx.array | np.ndarray":
+    """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals
+    ([b-1, V]: lazy on MLX, or a host array where the whole draft step runs in numpy)."""
     target, draft = state.target, state.draft
+    host = cpu_draft.host_parts(target, draft, state.draft_cache)
+    if host is not None:  # numpy end to end: the draft step never waits on MLX's stream
+        return cpu_draft.block_logits(draft, host, token, b, state.take_pending(), state.draft_cache)
     block = mx.array([[token] + [draft.config.mask_token_id] * (b - 1)])
     hidden = draft(target.embed(block), state.take_pending(), state.draft_cache)
     for c in state.draft_cache:
@@ -47,19 +53,25 @@ def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    return greedy(draft_logits(state, token, b))
+    logits = draft_logits(state, token, b)
+    return mx.array(logits.argmax(-1)) if isinstance(logits, np.ndarray) else greedy(logits)
 
 
 # A proposer returns either [b-1] token ids (a deterministic draft: under
-# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits,
-# from which the loop takes the argmax or, when sampling, draws from q.
-Proposer = Callable[[DecodeState, int, int], mx.array]
+# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits
+# (MLX's, or numpy's from a host-side draft), from which the loop takes the
+# argmax or, when sampling, draws from q.
+Proposer = Callable[[DecodeState, int, int], "mx.array | np.ndarray"]
 
 
 def _choose_proposals(
-    proposed: mx.array, sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
+    proposed: "mx.array | np.ndarray", sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
 ) -> tuple[mx.array, Optional[mx.array]]:
     """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
+    if isinstance(proposed, np.ndarray):
+        if sampling is None and proposed.ndim == 2:
+            return mx.array(proposed.argmax(-1)), None  # host logits: no MLX op for a greedy choice
+        proposed = mx.array(proposed)
     if proposed.ndim == 1:
         return proposed, None
     if sampling is None:
