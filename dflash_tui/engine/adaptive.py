@@ -16,6 +16,7 @@ from typing import Optional
 import mlx.core as mx
 
 from dflash_tui.engine.draft import DFlashDraft
+from dflash_tui.engine.draft_step import block_logits, greedy_choice
 from dflash_tui.engine.target import Target
 
 CANDIDATES = (2, 3, 4, 6, 8, 12, 16)
@@ -33,10 +34,7 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
     def once(b: int) -> float:
         block = mx.array([[1] * b])
         tic = time.perf_counter()
-        hidden = draft(target.embed(block), None, dcache)
-        mx.eval(target.head(hidden[:, 1:]).argmax(-1))
-        for c in dcache:
-            c.trim(b)
+        mx.eval(greedy_choice(block_logits(target, draft, dcache, 1, b, None)))  # the loop's own draft step
         target.begin_verify(cache)
         logits, f = target.forward(block, cache)
         mx.eval(logits.argmax(-1), f)

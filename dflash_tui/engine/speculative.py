@@ -20,8 +20,8 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
-from dflash_tui.engine import cpu_draft
 from dflash_tui.engine.adaptive import BlockSizer
+from dflash_tui.engine.draft_step import block_logits, greedy_choice
 from dflash_tui.engine.state import DecodeState
 
 
@@ -40,21 +40,12 @@ class Cycle:
 def draft_logits(state: DecodeState, token: int, b: int) -> "mx.array | np.ndarray":
     """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals
     ([b-1, V]: lazy on MLX, or a host array where the whole draft step runs in numpy)."""
-    target, draft = state.target, state.draft
-    host = cpu_draft.host_parts(target, draft, state.draft_cache)
-    if host is not None:  # numpy end to end: the draft step never waits on MLX's stream
-        return cpu_draft.block_logits(draft, host, token, b, state.take_pending(), state.draft_cache)
-    block = mx.array([[token] + [draft.config.mask_token_id] * (b - 1)])
-    hidden = draft(target.embed(block), state.take_pending(), state.draft_cache)
-    for c in state.draft_cache:
-        c.trim(b)  # the block's own K/V is never kept
-    return target.head(hidden[:, 1:])[0]
+    return block_logits(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
 
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    logits = draft_logits(state, token, b)
-    return mx.array(logits.argmax(-1)) if isinstance(logits, np.ndarray) else greedy(logits)
+    return greedy_choice(draft_logits(state, token, b))
 
 
 # A proposer returns either [b-1] token ids (a deterministic draft: under
@@ -70,7 +61,7 @@ def _choose_proposals(
     """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
     if isinstance(proposed, np.ndarray):
         if sampling is None and proposed.ndim == 2:
-            return mx.array(proposed.argmax(-1)), None  # host logits: no MLX op for a greedy choice
+            return greedy_choice(proposed), None  # host logits: no MLX op for a greedy choice
         proposed = mx.array(proposed)
     if proposed.ndim == 1:
         return proposed, None
