@@ -104,11 +104,26 @@ def test_a_converted_weight_gives_way_to_transposed_slabs_whose_rows_do_not_depe
         assert np.array_equal(np.array(layer(x[:, i : i + 1]).astype(mx.float32))[0, 0], block[0, i]), i
     want = (x.astype(mx.float32) @ layer.weight.astype(mx.float32).T).astype(mx.bfloat16)
     assert mx.allclose(layer(x).astype(mx.float32), want.astype(mx.float32), rtol=1e-2, atol=1e-2).item()
-    assert np.array_equal(w.w, np.array(layer.weight.astype(mx.float32)))  # a fast call rebuilds [N, K]
+    assert np.array_equal(w.w, np.array(layer.weight.astype(mx.float32)))  # rebuilt from the slabs
+    assert w._w is None  # ... and not kept
+
+
+def test_a_head_the_draft_reads_out_through_keeps_a_copy_in_each_layout():
     tied = nn.Embedding(3000, 384)
     tied.weight = tied.weight.astype(mx.bfloat16)
+    assert cpu_linear.extra_bytes(tied) == 2 * 3000 * 384 * 4  # counted before the swap, both copies
     cpu_linear.use_numpy(tied)
-    assert not cpu_linear._weight(tied).transposed  # a head the draft reads out through keeps one layout
+    cpu_linear.prepare(tied)
+    cpu_linear.prepare_read_out(tied)
+    w = cpu_linear._weight(tied)
+    want = np.array(tied.weight.astype(mx.float32))
+    assert w.transposed and w._w is None and w.stack.shape[1] == 384
+    n = w.stack.shape[2]
+    assert n * 384 * cpu_linear.FAST_ROWS < cpu_linear.SMALL_PRODUCT and w.stack.shape[0] * n >= 3000
+    ids = [0, 5, 1023, 1024, 2999]
+    assert np.array_equal(w.rows(ids), want[ids])  # the lookup reads the fast layout back exactly
+    x = np.random.default_rng(0).standard_normal((5, 384)).astype(np.float32)
+    assert np.allclose(w.fast(x), w.exact(x), atol=1e-4) and w.fast(x).shape == (5, 3000)
 
 
 @pytest.mark.parametrize("causal", [True, False])

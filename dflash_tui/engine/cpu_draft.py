@@ -194,7 +194,7 @@ def block_logits(draft: nn.Module, parts: tuple[_Weight, _Weight], token: int, b
     The embedding rows are the fp32 copy of the table MLX would look them up in: the same values."""
     table, head = parts
     ids = [token] + [draft.config.mask_token_id] * (b - 1)
-    hidden = _forward(draft, table.w[ids][None], features, cache)
+    hidden = _forward(draft, table.rows(ids)[None], features, cache)
     for c in cache:
         c.trim(b)  # the block's own K/V is never kept
     return head.fast(np.ascontiguousarray(hidden[0, 1:]))

@@ -171,6 +171,7 @@ def load_pair(
         if numpy_matmul:
             cpu_linear.use_numpy(dmodel, exact=False)
             cpu_linear.prepare(dmodel)
+            cpu_linear.prepare_read_out(target.backbone.embed_tokens if target.args.tie_word_embeddings else target.lm.lm_head)
         target.set_capture(dmodel.config.target_layer_ids)
     report("ready", 1.0)
     return Pair(target=target, draft=dmodel, target_name=model, draft_name=draft_name)
