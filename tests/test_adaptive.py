@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import oracle_proposer, reference_tokens
-from dflash_tui.engine.adaptive import BlockSizer, measure_costs
+from dflash_tui.engine.adaptive import EXPLORE, BlockSizer, measure_costs
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 
 FLAT = {b: 1.0 for b in (2, 4, 8, 16)}  # a device where a block costs the same whatever its size
@@ -28,6 +28,20 @@ def test_choice_depends_on_cost_and_acceptance():
     assert good.choose(left=3) == 3  # never past max_tokens
 
 
+def test_a_draft_that_does_not_pay_gives_way_to_the_target_alone_and_is_tried_again():
+    costs = {1: 0.75, **STEEP}  # a target step alone costs less than any drafted block
+    s = BlockSizer(costs, 16)
+    assert s.choose() > 1  # the prior expects the draft to pay
+    for _ in range(60):
+        s.observe(16, 0)  # the first proposal always rejected
+    picks = [s.choose() for _ in range(3 * (EXPLORE + 1))]
+    # the target steps alone, with one drafted block after every EXPLORE of those steps
+    assert picks == ([1] * EXPLORE + [2]) * 3, picks
+    for _ in range(60):
+        s.observe(2, 1)  # ... and once the draft is accepted again, drafting resumes
+    assert s.choose() > 1 and s.alone == 0
+
+
 def test_observe_counts_only_what_was_tested():
     s = BlockSizer(FLAT, 8, prior=0.5, prior_weight=0.001)
     s.observe(8, 2)  # positions 1, 2 accepted, 3 rejected, 4.. never tested
@@ -36,8 +50,8 @@ def test_observe_counts_only_what_was_tested():
 
 
 def test_measured_costs_cover_the_sizes(qwen3_pair):
-    costs = measure_costs(qwen3_pair.target, qwen3_pair.draft, (2, 8, 16), context=16, reps=1)
-    assert set(costs) == {2, 8, 16} and all(c > 0 for c in costs.values())
+    costs = measure_costs(qwen3_pair.target, qwen3_pair.draft, (1, 2, 8, 16), context=16, reps=1)
+    assert set(costs) == {1, 2, 8, 16} and all(c > 0 for c in costs.values())
 
 
 def test_auto_block_size_is_exact_and_adapts(qwen3_pair):
@@ -55,3 +69,20 @@ def test_auto_block_size_is_exact_and_adapts(qwen3_pair):
     # a draft that is always right pushes the choice from small blocks to the largest
     sizes = [len(e.drafted) + 1 for e in events if getattr(e, "drafted", None)]
     assert sizes[0] < 8 and sizes[-3:-1] == [16, 16], sizes
+
+
+def test_target_alone_steps_between_drafted_blocks_keep_the_output_exact(qwen3_pair):
+    conv = Conversation(qwen3_pair)
+    conv.messages.append({"role": "user", "content": "alone"})
+    ids = conv.prompt_tokens()
+    conv.messages.clear()
+    ref = reference_tokens(qwen3_pair, ids, 120)
+    conv.propose = oracle_proposer(ids + ref, error_rate=0.6, seed=3, vocab=qwen3_pair.target.vocab_size)
+    # drafting barely pays here: the sizer mixes target-alone steps with drafted blocks
+    conv._sizer = BlockSizer({1: 1.0, 2: 1.5, 4: 2.5}, 16, prior=0.3)
+    events = list(conv.generate("alone", GenerationSettings(max_tokens=120, block_size="auto")))
+    done = events[-1]
+    assert done.tokens == ref
+    blocks = [e for e in events if e.type == "block"]
+    alone = [e for e in blocks[1:] if not e.drafted]  # the first block is the prefill's token
+    assert alone and any(e.drafted for e in blocks) and done.stats["block_sizes"].get("1", done.stats["block_sizes"].get(1))

@@ -5,7 +5,10 @@ A cycle's cost grows with the block size differently on every device (a
 close to 1 on Apple Silicon), and what a bigger block buys depends on how deep
 the draft is accepted. So: measure the cost curve once, track per-position
 acceptance while running, and each cycle choose
-argmax_b  E[tokens | b] / cost(b).  The block size never changes the output.
+argmax_b  E[tokens | b] / cost(b).  b = 1 is the target stepping alone (no
+draft), for stretches where drafting does not pay; every EXPLORE such steps
+in a row, one drafted block checks whether it pays again. The block size
+never changes the output.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from dflash_tui.engine.draft import DFlashDraft
 from dflash_tui.engine.draft_step import block_logits, greedy_choice
 from dflash_tui.engine.target import Target
 
-CANDIDATES = (2, 3, 4, 6, 8, 12, 16)
+CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
+# after this many target-alone steps in a row, one drafted block tests the draft again
+EXPLORE = 12
 
 
 def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], context: int = 64, reps: int = 5) -> dict[int, float]:
-    """Seconds for one draft forward + one verify forward of each block size, on scratch caches."""
+    """Seconds for one draft forward + one verify forward of each block size (1: a target step
+    alone), on scratch caches."""
     cache, dcache = target.make_cache(), draft.make_cache()
     ctx = mx.arange(context)[None] % max(2, target.vocab_size - 1)
     _, feats = target.forward(ctx, cache)
@@ -34,7 +40,8 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
     def once(b: int) -> float:
         block = mx.array([[1] * b])
         tic = time.perf_counter()
-        mx.eval(greedy_choice(block_logits(target, draft, dcache, 1, b, None)))  # the loop's own draft step
+        if b > 1:
+            mx.eval(greedy_choice(block_logits(target, draft, dcache, 1, b, None)))  # the loop's own draft step
         target.begin_verify(cache)
         logits, f = target.forward(block, cache)
         mx.eval(logits.argmax(-1), f)
@@ -68,6 +75,7 @@ class BlockSizer:
         self.prior_weight = prior_weight
         self.decay = decay
         self.chosen: dict[int, int] = {}
+        self.alone = 0  # target-alone steps in a row
 
     def accept_rate(self, k: int) -> float:
         pooled = self.pooled_hits / self.pooled_trials
@@ -84,6 +92,13 @@ class BlockSizer:
 
     def choose(self, left: Optional[int] = None) -> int:
         best = max(self.costs, key=lambda b: self.expected_tokens(b) / self.costs[b])
+        if best == 1:
+            self.alone += 1
+            drafted = [b for b in self.costs if b > 1]
+            if self.alone > EXPLORE and drafted:
+                best = max(drafted, key=lambda b: self.expected_tokens(b) / self.costs[b])
+        if best > 1:
+            self.alone = 0
         if left is not None:
             best = min(best, left)
         self.chosen[best] = self.chosen.get(best, 0) + 1
