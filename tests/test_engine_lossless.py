@@ -166,3 +166,43 @@ def test_a_failed_turn_leaves_no_half_message(qwen3_pair, monkeypatch):
     events = list(conv.generate("fails", GenerationSettings(max_tokens=5)))
     assert events[-1].type == "error" and "out of memory" in events[-1].message
     assert conv.messages == before
+
+
+def test_decode_speed_runs_from_the_first_token_to_the_last(qwen3_pair):
+    """A cycle that only ends the reply with EOS is not decode time, as the step that produces
+    EOS after the last token is not for mlx_lm.stream_generate in the bench."""
+    import time
+
+    import mlx.core as mx
+
+    from dflash_tui.engine.speculative import draft_proposals
+
+    tok = qwen3_pair.target.tokenizer
+    conv = Conversation(qwen3_pair)
+    conv.messages.append({"role": "user", "content": "a slow stop"})
+    ids = conv.prompt_tokens()
+    conv.messages.clear()
+    ref = reference_tokens(qwen3_pair, ids, 40)
+    k = next(i for i in range(6, 40) if ref[i] not in ref[:i])
+    stop = ref[k]
+    wrong = next(t for t in range(qwen3_pair.target.vocab_size) if t not in ref and t not in tok.eos_token_ids)
+
+    def propose(state, token, b):
+        real = draft_proposals(state, token, b)
+        if len(state.tokens) == len(ids) + k - 1:  # the cycle after the last kept token: it can only stop
+            time.sleep(0.5)
+        return mx.array([wrong] * (b - 1), dtype=real.dtype) + 0 * real  # never accepted: one token a cycle
+
+    conv.propose = propose
+    saved = set(tok.eos_token_ids)
+    tok.eos_token_ids = saved | {stop}
+    try:
+        events, done = run(conv, "a slow stop", GenerationSettings(max_tokens=40, block_size=2))
+    finally:
+        tok.eos_token_ids = saved
+    assert done.finish_reason == "stop" and done.tokens == ref[:k]
+    last = [e for e in events if isinstance(e, Block)][-1]
+    assert last.emitted == [] and last.drafted  # the stopping cycle kept nothing
+    s = done.stats
+    span = (k - 1) / s["decode_tps"]
+    assert s["decode_s"] >= 0.5 > span  # the wall time holds the slow cycle; the speed does not

@@ -181,6 +181,7 @@ class Conversation:
         first = int(sample(logits, sampling, keys.next() if keys is not None else None).item())
         kept, text, finished = emit([first])
         tokens.extend(kept)
+        first_at = last_at = time.perf_counter()  # decode speed: the first token to the last
         yield Block(index=0, drafted=[], accepted=0, emitted=kept, text=text)
         index = 1
         if not finished and max_tokens > 1:
@@ -193,6 +194,8 @@ class Conversation:
             for cyc in cycles:
                 kept, text, finished = emit(cyc.emitted)
                 tokens.extend(kept)
+                if kept:
+                    last_at = time.perf_counter()
                 if cyc.drafted:
                     totals["cycles"] += 1
                     totals["drafted"] += len(cyc.drafted)
@@ -223,8 +226,10 @@ class Conversation:
             "ttft_s": prefill_s,
             "generated_tokens": n,
             "decode_s": decode_s,
-            # the first token comes from prefill; decode speed counts the rest
-            "decode_tps": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+            # the first token comes from prefill; decode speed counts the rest, over the time from
+            # the first token to the last (as for mlx_lm.stream_generate in the bench: a step or
+            # cycle that only ends the reply with EOS is not counted on either side)
+            "decode_tps": (n - 1) / (last_at - first_at) if n > 1 and last_at > first_at else 0.0,
             "cycles": totals["cycles"],
             "tokens_per_cycle": totals["cycle_tokens"] / totals["cycles"] if totals["cycles"] else 0.0,
             "acceptance": totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0,
