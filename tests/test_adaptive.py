@@ -42,8 +42,22 @@ def test_a_draft_that_does_not_pay_gives_way_to_the_target_alone_and_is_tried_ag
     assert s.choose() > 1 and s.alone == 0
 
 
+def test_a_new_stretch_of_text_takes_over_within_a_few_cycles():
+    """A short reply must not run on what a long, easy one taught: after 60 fully accepted
+    blocks, a few cycles that reject the second proposal bring the choice down."""
+    s = BlockSizer(STEEP, 16)
+    for _ in range(60):
+        s.observe(16, 15)
+    assert s.choose() == 16
+    cycles = 0
+    while s.choose() > 4:
+        s.observe(s.choose(), 1)
+        cycles += 1
+        assert cycles <= 6, "still drafting long blocks"
+
+
 def test_observe_counts_only_what_was_tested():
-    s = BlockSizer(FLAT, 8, prior=0.5, prior_weight=0.001)
+    s = BlockSizer(FLAT, 8, prior=0.5, prior_weight=0.001, decay=1.0)  # plain counts
     s.observe(8, 2)  # positions 1, 2 accepted, 3 rejected, 4.. never tested
     assert s.accept_rate(1) > 0.99 and s.accept_rate(2) > 0.99 and s.accept_rate(3) < 0.01
     assert abs(s.accept_rate(4) - 2 / 3) < 0.02  # untested: the pooled rate

@@ -62,7 +62,7 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
 class BlockSizer:
     """Chooses the next cycle's block size from measured costs and observed acceptance."""
 
-    def __init__(self, costs: dict[int, float], max_block: int, prior: float = 0.7, prior_weight: float = 2.0, decay: float = 0.97):
+    def __init__(self, costs: dict[int, float], max_block: int, prior: float = 0.7, prior_weight: float = 2.0, decay: float = 0.9):
         self.costs = {b: c for b, c in costs.items() if b <= max_block}
         if not self.costs:
             raise ValueError("no candidate block size fits")
@@ -73,6 +73,9 @@ class BlockSizer:
         self.trials = [0.0] * self.max_block
         self.pooled_hits, self.pooled_trials = prior * prior_weight, prior_weight
         self.prior_weight = prior_weight
+        # replies of 5-20 cycles must not run on what the last reply taught: replaying the demo
+        # bench's acceptance through the sizer, 0.9 kept the median and lifted the worst request
+        # from 0.94x to 1.29x against 0.97
         self.decay = decay
         self.chosen: dict[int, int] = {}
         self.alone = 0  # target-alone steps in a row
