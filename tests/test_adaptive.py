@@ -93,7 +93,7 @@ def test_target_alone_steps_between_drafted_blocks_keep_the_output_exact(qwen3_p
     ref = reference_tokens(qwen3_pair, ids, 120)
     conv.propose = oracle_proposer(ids + ref, error_rate=0.6, seed=3, vocab=qwen3_pair.target.vocab_size)
     # drafting barely pays here: the sizer mixes target-alone steps with drafted blocks
-    conv._sizer = BlockSizer({1: 1.0, 2: 1.5, 4: 2.5}, 16, prior=0.3)
+    conv._sizer = BlockSizer({1: 1.0, 2: 1.5, 4: 2.5, 8: 5.0, 16: 10.0}, 16, prior=0.3)  # up to 16: kept
     events = list(conv.generate("alone", GenerationSettings(max_tokens=120, block_size="auto")))
     done = events[-1]
     assert done.tokens == ref

@@ -236,6 +236,42 @@ def test_a_host_draft_step_equals_the_mlx_one(tied_pair, numpy_pair, monkeypatch
     assert len_a == len_b == 9 and off_a == off_b == [9] * len(draft.layers)  # the block's own K/V is not kept
 
 
+def test_host_array_widens_bf16_on_the_host_exactly():
+    a = mx.random.normal((1, 7, 48)).astype(mx.bfloat16)
+    mx.eval(a)
+    h = cpu_linear.host_array(a)
+    assert h.dtype == np.float32 and h.shape == (1, 7, 48)
+    assert np.array_equal(h, np.array(a.astype(mx.float32)))
+    f = mx.random.normal((2, 3))
+    assert np.array_equal(cpu_linear.host_array(f), np.array(f))
+
+
+def test_a_host_draft_takes_the_verify_features_as_host_rows(tied_pair):
+    """The loop hands a host-side draft its features as host rows (sliced on the host); a
+    rollback to a shared prefix cuts them like MLX's."""
+    from dflash_tui.engine.speculative import dflash_cycles
+    from dflash_tui.engine.state import DecodeState
+
+    state = DecodeState(tied_pair.target, tied_pair.draft)
+    logits, _ = state.prefill([5, 6, 7, 8, 9, 10, 11, 12])
+    first = int(np.array(logits).argmax())
+    cycles = dflash_cycles(state, first, 4, lambda: 64)
+    next(cycles)
+    assert state.pending and all(isinstance(p, np.ndarray) for p in state.pending)
+    held = len(state.tokens)
+    next(cycles)  # the second cycle's draft step took the first cycle's rows
+    assert state.draft_len == held
+    cycles.close()
+    state.pending.append(tied_pair.target.forward(mx.array([[3, 4]]), state.target_cache)[1])  # an MLX piece too
+    state.tokens += [3, 4]
+    n_pending = sum(p.shape[1] for p in state.pending)
+    assert len(state.tokens) == state.draft_len + n_pending
+    want = len(state.tokens) - 1
+    assert state.truncate(want) == want == len(state.tokens)  # one row off the mixed pieces
+    assert len(state.pending) == 1 and isinstance(state.pending[0], np.ndarray)
+    assert state.pending[0].shape[1] == n_pending - 1
+
+
 def test_host_kv_cache_grows_and_keeps_what_it_holds():
     cache = HostKVCache()
     rng = np.random.default_rng(0)

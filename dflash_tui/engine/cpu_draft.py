@@ -134,11 +134,13 @@ def _attention(a: nn.Module, ctx: Optional[np.ndarray], x: Optional[np.ndarray],
     return _rows(_weight(a.o_proj), o.transpose(0, 2, 1, 3).reshape(*x.shape[:2], -1))
 
 
-def _fused(draft: nn.Module, features: Optional[mx.array]) -> Optional[np.ndarray]:
-    """hidden_norm(fc(features)) on host: the draft's context for new target features."""
+def _fused(draft: nn.Module, features: "Optional[mx.array | np.ndarray]") -> Optional[np.ndarray]:
+    """hidden_norm(fc(features)) on host: the draft's context for new target features (MLX's,
+    or already on the host: see DecodeState.pending)."""
     if features is None or features.shape[1] == 0:
         return None
-    return _rms_norm(_rows(_weight(draft.fc), _host(features)), draft.hidden_norm)
+    rows = features if isinstance(features, np.ndarray) else _host(features)
+    return _rms_norm(_rows(_weight(draft.fc), rows), draft.hidden_norm)
 
 
 def _on_host(cache: Any) -> bool:

@@ -20,7 +20,9 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
+from dflash_tui.engine import cpu_draft
 from dflash_tui.engine.adaptive import BlockSizer
+from dflash_tui.engine.cpu_linear import host_array
 from dflash_tui.engine.draft_step import block_logits, greedy_choice
 from dflash_tui.engine.state import DecodeState
 
@@ -105,6 +107,8 @@ def dflash_cycles(
     # pipelined: the draft is not waited for, so draft_ms is the time to set it off and
     # verify_ms runs until both are done (the two still add up to the cycle)
     pipelined = lazy_draft_wanted()
+    # a draft that runs on the host takes the verify's features as host rows, sliced there
+    host_features = cpu_draft.host_parts(target, state.draft, state.draft_cache) is not None
     token = first_token
     while not should_cancel():
         left = remaining()
@@ -152,6 +156,8 @@ def dflash_cycles(
         state.tokens.append(token)
         state.tokens.extend(drafted[:accepted])
         if feats is not None:
+            if host_features:
+                feats = host_array(feats)  # evaluated above: no wait on MLX's stream
             state.pending.append(feats[:, :keep] if keep < b else feats)
         t_roll = time.perf_counter()
 

@@ -6,7 +6,9 @@ import time
 from typing import Optional
 
 import mlx.core as mx
+import numpy as np
 
+from dflash_tui.engine.cpu_linear import host_array
 from dflash_tui.engine.draft import DFlashDraft
 from dflash_tui.engine.target import Target
 
@@ -32,10 +34,19 @@ class DecodeState:
         self.pending: list[mx.array] = []
 
     # -- features waiting for the draft ----------------------------------
-    def take_pending(self) -> Optional[mx.array]:
+    def _joined_pending(self) -> "mx.array | np.ndarray":
+        """The pending features as one array: MLX's, or host rows where any piece is on the host
+        (a draft that runs on the host gets them there, see speculative.dflash_cycles)."""
+        if len(self.pending) == 1:
+            return self.pending[0]
+        if any(isinstance(p, np.ndarray) for p in self.pending):
+            return np.concatenate([p if isinstance(p, np.ndarray) else host_array(p) for p in self.pending], axis=1)
+        return mx.concatenate(self.pending, axis=1)
+
+    def take_pending(self) -> "Optional[mx.array | np.ndarray]":
         if not self.pending:
             return None
-        feats = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending, axis=1)
+        feats = self._joined_pending()
         self.pending = []
         self.draft_len += feats.shape[1]
         return feats
@@ -63,7 +74,7 @@ class DecodeState:
                 self.draft_len = kept
                 self.pending = []
             elif self.pending:
-                feats = mx.concatenate(self.pending, axis=1)[:, : kept - self.draft_len]
+                feats = self._joined_pending()[:, : kept - self.draft_len]
                 self.pending = [feats] if feats.shape[1] else []
         return kept
 
