@@ -139,8 +139,9 @@ def save_target(model, config: dict[str, Any], out_dir: Path) -> None:
 
 
 def build_target(out_dir: Path, kind: str = "qwen3", seed: int = 0, vocab_size: int = 384,
-                 text: Optional[str] = None, scale: float = 4.0, **dims: Any) -> dict[str, Any]:
-    """Tokenizer + random-weight mlx-lm target in `out_dir`; returns the config.
+                 text: Optional[str] = None, scale: float = 4.0, dtype: str = "float32", **dims: Any) -> dict[str, Any]:
+    """Tokenizer + random-weight mlx-lm target in `out_dir`, its weights stored in `dtype`
+    ("float32" or "bfloat16", as published checkpoints are); returns the config.
 
     `scale` multiplies the random matrices: at mlx's default init a tiny model
     repeats one token forever, which would make exactness tests trivial.
@@ -150,7 +151,8 @@ def build_target(out_dir: Path, kind: str = "qwen3", seed: int = 0, vocab_size: 
     vocab = max(vocab, _tokenizer_size(out_dir))
     maker = {"qwen3": qwen3_config, "qwen3_5": qwen3_5_config}[kind]
     config = maker(vocab, eos_token_id=ids["<|im_end|>"], **dims)
-    model = build_model(config, seed=seed, scale=scale)
+    config["torch_dtype"] = dtype
+    model = build_model(config, seed=seed, scale=scale, dtype=getattr(mx, dtype))
     save_target(model, config, out_dir)
     return config
 

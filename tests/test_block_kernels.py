@@ -3,7 +3,8 @@
 The CUDA kernels themselves run only on MLX's CUDA backend (checked there by
 `python -m dflash_tui.bench.block_kernels`). Here their pure-MLX references
 stand in (DFLASH_TUI_KERNELS=1 forces the "kernel" attention mode and the
-one-launch Gated DeltaNet path), so these tests check what the engine does
+one-launch Gated DeltaNet path; the GPU's pipelining is forced on by patching the
+engine's device checks), so these tests check what the engine does
 with them: the same arithmetic as MLX's own ops, the engine routing its few-token
 forwards through them (and plain mlx-lm calls not), and greedy output still equal
 to `mlx_lm.stream_generate` with pipelining forced on. The kernel sources are
@@ -34,9 +35,11 @@ PROMPT = "def push(self, item): self.items.append(item) " * 8
 @pytest.fixture()
 def forced(monkeypatch):
     """Kernels (their references), in-forward pipelining and the lazy draft hand-off, all on."""
-    for var in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_PIPELINE", "DFLASH_TUI_LAZY_DRAFT"):
-        monkeypatch.setenv(var, "1")
-    monkeypatch.delenv("DFLASH_TUI_VERIFY", raising=False)
+    from dflash_tui.engine import speculative, target
+
+    monkeypatch.setenv("DFLASH_TUI_KERNELS", "1")
+    monkeypatch.setattr(target, "pipelining_wanted", lambda: True)  # what a GPU gets
+    monkeypatch.setattr(speculative, "lazy_draft_wanted", lambda: True)
     calls = {"attention": 0, "gated_delta": 0}
 
     def counting(name, fn):
@@ -172,20 +175,18 @@ def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
 
     from dflash_tui.bench import cycle_cost
 
-    monkeypatch.delenv("DFLASH_TUI_KERNELS", raising=False)
-    monkeypatch.setenv("DFLASH_TUI_LAZY_DRAFT", "0")
+    monkeypatch.setenv("DFLASH_TUI_KERNELS", "1")  # the engine's choice on a GPU: the kernels (references here)
 
     assert cycle_cost.main(["--shape", "tiny", "--block-size", "4", "--tokens", "12", "--prompt", "16",
-                            "--setups", "engine", "mlx-ops", "kernels", "--repeat", "2", "--json"]) == 0
+                            "--setups", "engine", "mlx-ops", "--repeat", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops", "kernels"] * 2
-    kernels = [r for r in report["rows"] if r["setup"] == "kernels"]
-    assert all(r["attention"] == "kernel" and r["kernels"] for r in kernels)
-    assert all(r["attention"] == "plain" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
-    assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4", "kernels b4"}
+    assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops"] * 2
+    assert all(r["attention"] == "kernel" and r["kernels"] for r in report["rows"] if r["setup"] == "engine")
+    assert all(r["attention"] == "fused" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
+    assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4"}
     assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
-    # the setups' switches are process-wide: the run gives them back as it found them
-    assert "DFLASH_TUI_KERNELS" not in os.environ and os.environ["DFLASH_TUI_LAZY_DRAFT"] == "0"
+    # the setups' switch is process-wide: the run gives it back as it found it
+    assert os.environ["DFLASH_TUI_KERNELS"] == "1"
 
 
 # -- the CUDA sources compile (where nvcc is) ------------------------------------------------

@@ -52,29 +52,3 @@ def test_two_engines_in_one_process_interleaved(qwen3_dirs, qwen3_pair):
     assert done["a"].tokens == reference_tokens(qwen3_pair, a.prompt_tokens(a.messages[:-1]), 30)
     assert done["b"].tokens == reference_tokens(other, b.prompt_tokens(b.messages[:-1]), 30)
 
-
-def test_plain_attention_equals_the_fused_kernel():
-    from dflash_tui.engine.draft import plain_attention
-
-    mx.random.seed(3)
-    q = mx.random.normal((1, 8, 16, 32))
-    k = mx.random.normal((1, 2, 40, 32))
-    v = mx.random.normal((1, 2, 40, 32))
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=32**-0.5, mask=None)
-    assert mx.allclose(plain_attention(q, k, v, 32**-0.5), want, atol=1e-5).item()
-
-
-def test_plain_verify_attention_keeps_greedy_output(qwen3_dirs):
-    """The CUDA-only verify path (plain matmuls instead of the fused kernel), forced on here."""
-    from dflash_tui.engine.loading import load_pair
-
-    pair = load_pair(str(qwen3_dirs["target"]), str(qwen3_dirs["draft"]))
-    ids = mx.array([[5, 6, 7, 8, 9, 10]])
-    fused, _ = pair.target.forward(ids, pair.target.make_cache())
-    assert pair.target.use_plain_attention() == pair.target.num_layers
-    assert type(pair.target.layers[0].self_attn).__name__.startswith("PlainSDPA")
-    plain, _ = pair.target.forward(ids, pair.target.make_cache())
-    assert mx.allclose(fused, plain, atol=1e-4).item()
-    conv = Conversation(pair)
-    done = list(conv.generate("plain", GenerationSettings(max_tokens=60, block_size=8)))[-1]
-    assert done.tokens == reference_tokens(pair, conv.prompt_tokens(conv.messages[:-1]), 60)

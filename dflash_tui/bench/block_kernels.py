@@ -74,10 +74,6 @@ def attention_rows(chain: int, reps: int) -> list[dict[str, Any]]:
                 mask = "causal" if causal else None
                 row["fused_us"] = _timed(lambda: [mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
                                                   for _ in range(chain)], reps) / chain * 1e6
-                from dflash_tui.engine.draft import folded_attention
-
-                row["folded_us"] = _timed(lambda: [folded_attention(q, k, v, scale, causal) for _ in range(chain)],
-                                          reps) / chain * 1e6
                 row["kernel_us"] = _timed(lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)],
                                           reps) / chain * 1e6
                 rows.append(row)

@@ -9,7 +9,6 @@ decoding (every verify sees a new cache length).
 
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --block-size 16
     python -m dflash_tui.bench.cycle_cost --shape tiny        # CPU smoke run
-    python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --verify bucketed   # one attention mode
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --setups engine mlx-ops --repeat 3
 """
 
@@ -27,7 +26,7 @@ import mlx.core as mx
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.engine.cuda_kernels import kernels_wanted
-from dflash_tui.engine.draft import ATTENTION_MODES, DFlashDraft
+from dflash_tui.engine.draft import DFlashDraft, default_attention_mode
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals, lazy_draft_wanted
 from dflash_tui.engine.state import DecodeState
 from dflash_tui.engine.target import Target
@@ -106,24 +105,22 @@ def measure(target: Target, draft: DFlashDraft, block: int, prompt_len: int, tok
     }
 
 
-# Engine setups to compare side by side (--setups): what each switches. "engine" is whatever
-# the engine chooses on this device; "mlx-ops" is the engine without the CUDA kernels or the
-# pipelining, with multi-query attention as plain matmuls (its CUDA default before them).
-SETUPS: dict[str, dict[str, Any]] = {
+# Engine setups to compare side by side (--setups): "engine" is whatever the engine chooses on
+# this device; "mlx-ops" is the engine with its CUDA kernels off (DFLASH_TUI_KERNELS=0): MLX's
+# own fused attention and mlx-lm's Gated DeltaNet ops, as a plain mlx-lm forward runs them.
+SETUPS: dict[str, dict[str, str]] = {
     "engine": {},
-    "mlx-ops": {"attention": "plain", "flush": 0, "env": {"DFLASH_TUI_KERNELS": "0", "DFLASH_TUI_LAZY_DRAFT": "0"}},
-    "kernels": {"attention": "kernel", "flush": 0, "env": {"DFLASH_TUI_KERNELS": "1", "DFLASH_TUI_LAZY_DRAFT": "0"}},
+    "mlx-ops": {"DFLASH_TUI_KERNELS": "0"},
 }
 
 
-def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
-    """Switch the pair to a setup (defaults: the engine's own choices, recorded at start)."""
-    setup = {**defaults, **SETUPS[name]}
-    target.use_attention(setup["attention"])
-    draft.set_attention_mode(setup["attention"])
-    target.use_pipelining(setup["flush"])
-    for key, value in setup.get("env", {}).items():
+def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[str, str]) -> dict[str, Any]:
+    """Switch the pair to a setup (`defaults`: the environment at start, the engine's own choice)."""
+    for key, value in {**defaults, **SETUPS[name]}.items():
         os.environ[key] = value
+    mode = default_attention_mode()
+    target.use_attention(mode)
+    draft.set_attention_mode(mode)
     return {"setup": name, "attention": target.attention_mode, "flush_every": target.flush_every,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
 
@@ -152,23 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=128, help="prompt length in tokens")
     p.add_argument("--tokens", type=int, default=96, help="tokens to decode per measurement")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--verify", choices=ATTENTION_MODES, default=None,
-                   help="attention mode for draft and verify (default: the engine's own choice)")
-    p.add_argument("--flush", type=int, default=None,
-                   help="evaluate a cycle's forwards every N target layers, 0 = at the end (default: the engine's choice)")
     p.add_argument("--setups", nargs="+", choices=sorted(SETUPS), default=None,
-                   help="compare these engine setups, alternating run by run (overrides --verify/--flush)")
+                   help="compare these engine setups, alternating run by run")
     p.add_argument("--repeat", type=int, default=1, help="measurements per block size (and setup)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     target, draft = build(args.shape, args.draft_layers, getattr(mx, args.dtype))
-    if args.verify:
-        target.use_attention(args.verify)
-        draft.set_attention_mode(args.verify)
-    if args.flush is not None:
-        target.use_pipelining(args.flush)
-    defaults = {"attention": target.attention_mode, "flush": target.flush_every,
-                "env": {k: os.environ.get(k, "") for k in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_LAZY_DRAFT")}}
+    defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
     info = {"device": str(mx.default_device()), "shape": args.shape, "mlx": mx.__version__,
             "attention": target.attention_mode, "flush_every": target.flush_every,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
@@ -177,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     rows = []
-    saved_env = {k: os.environ.get(k) for k in ("DFLASH_TUI_KERNELS", "DFLASH_TUI_LAZY_DRAFT")}
+    saved_env = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS")}
     try:
         rows = _measure_setups(target, draft, args, defaults)
     finally:  # setups switch process-wide variables: give them back (callers may run on)

@@ -22,9 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cooldown", type=float, default=1.0, metavar="S", help="seconds of rest between runs")
     parser.add_argument("--block-size", type=_block_size, default="auto", metavar="B|auto")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T")
-    parser.add_argument("--cpu-matmul", choices=("auto", "numpy", "mlx"), default=None,
-                        help="MLX CPU backend: matmuls on numpy's BLAS or MLX's own (default: $DFLASH_TUI_CPU_MATMUL or auto); "
-                             "both decoders run the same kernels")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the JSON report here")
 
@@ -58,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--runs must be >= 1 and --max-tokens >= 2")
     texts = read_prompts(args)
     model, draft = resolve_pair(args)
-    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, cpu_matmul=args.cpu_matmul)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code)
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]

@@ -9,7 +9,6 @@ keys/values in every draft layer; queries come only from the block.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -109,163 +108,23 @@ class DraftConfig:
         return out
 
 
-ATTENTION_MODES = ("fused", "plain", "folded", "bucketed", "bucketed-compiled", "kernel")
-# What MLX CUDA runs for multi-query attention (draft and verify) unless DFLASH_TUI_VERIFY
-# says otherwise; the one line to change once a device benchmark shows a better mode.
-CUDA_ATTENTION = "plain"
-# Bucketed attention attends over the KV buffer rounded up to a multiple of this many slots.
-BUCKET = int(os.environ.get("DFLASH_TUI_BUCKET", "256"))
-
-
-def plain_attention_pays() -> bool:
-    """MLX's CUDA backend builds its fused multi-query attention per shape (tens of ms for
-    every new cache length); two matmuls and a softmax cost a fraction of a millisecond."""
-    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+# How multi-query attention (the draft's block, the target's verify) runs: "fused" is MLX's own
+# kernel, as mlx-lm calls it; "kernel" is the engine's one-launch CUDA kernel (`cuda_kernels`),
+# on MLX CUDA only, where it cuts the cycle's price (2.06 against 2.95 target steps per cycle
+# for a Qwen3-4B shape on an H200, `bench.cycle_cost`).
+ATTENTION_MODES = ("fused", "kernel")
 
 
 def default_attention_mode() -> str:
-    """`DFLASH_TUI_VERIFY` if set; else "kernel" where the block kernels are on (MLX CUDA, or
-    forced by DFLASH_TUI_KERNELS), `CUDA_ATTENTION` on MLX CUDA without them, the fused kernel elsewhere."""
-    mode = os.environ.get("DFLASH_TUI_VERIFY", "").strip()
-    if mode:
-        if mode not in ATTENTION_MODES:
-            raise UserError(f"DFLASH_TUI_VERIFY={mode!r}: expected one of {', '.join(ATTENTION_MODES)}")
-        return mode
-    if kernels_wanted():
-        return "kernel"
-    return CUDA_ATTENTION if plain_attention_pays() else "fused"
+    """"kernel" where the block kernels are on (MLX CUDA; `DFLASH_TUI_KERNELS`), else "fused"."""
+    return "kernel" if kernels_wanted() else "fused"
 
 
-def plain_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool = False) -> mx.array:
-    """Attention with GQA, [B, H, L, D] x [B, Hkv, S, D] -> [B, H, L, D].
-
-    `causal`: the L queries are the last L positions of the S keys."""
-    B, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    q = (q * scale).reshape(B, Hkv, H // Hkv, L, D)
-    scores = q @ k[:, :, None].swapaxes(-1, -2)
-    if causal:
-        allowed = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None]
-        scores = mx.where(allowed, scores, mx.array(-mx.inf, scores.dtype))
-    weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(v.dtype)
-    return (weights @ v[:, :, None]).reshape(B, H, L, -1)
-
-
-def _folded(q: mx.array, k: mx.array, v: mx.array, scale: float, allowed: Optional[mx.array]) -> mx.array:
-    """GQA with the query group folded into the rows: one batched GEMM per product, where the
-    broadcast 5-D form makes MLX CUDA issue one cuBLAS call per KV head. `allowed`: [L, S] or None."""
-    B, H, L, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    G = H // Hkv
-    scores = (q * scale).reshape(B, Hkv, G * L, D) @ k.swapaxes(-1, -2)
-    if allowed is not None:
-        scores = mx.where(allowed, scores.reshape(B, Hkv, G, L, S), mx.array(-mx.inf, scores.dtype))
-    weights = mx.softmax(scores.astype(mx.float32), axis=-1).astype(v.dtype).reshape(B, Hkv, G * L, S)
-    return (weights @ v).reshape(B, H, L, -1)
-
-
-def folded_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool = False) -> mx.array:
-    """`plain_attention` with one GEMM per product (same arguments, same result)."""
-    L, S = q.shape[2], k.shape[2]
-    allowed = mx.arange(S)[None] <= (S - L + mx.arange(L))[:, None] if causal else None
-    return _folded(q, k, v, scale, allowed)
-
-
-def _bucket_allowed(L: int, S: int, valid: mx.array, causal: bool, window: Optional[int]) -> mx.array:
-    """[L, S] (or [1, S]) mask over a bucket of S slots of which the first `valid` hold keys;
-    the L queries are the last L of those keys."""
-    slots = mx.arange(S)[None]
-    if causal:
-        allowed = slots <= (valid - L + mx.arange(L))[:, None]
-    else:
-        allowed = slots < valid
-    if window is not None:
-        allowed = allowed & (slots >= valid - (window + L))
-    return allowed
-
-
-def _bucketed_core(q, k, v, valid, scale: float, causal: bool, window: Optional[int]):
-    return _folded(q, k, v, scale, _bucket_allowed(q.shape[2], k.shape[2], valid, causal, window))
-
-
-_compiled_cores: dict[tuple, Any] = {}
-
-
-def _compiled_core(scale: float, causal: bool, window: Optional[int]):
-    key = (scale, causal, window)
-    if key not in _compiled_cores:
-
-        def core(q, k, v, valid):
-            return _bucketed_core(q, k, v, valid, scale, causal, window)
-
-        # traced once per input shape: with bucketed keys that is once per bucket
-        _compiled_cores[key] = mx.compile(core)
-    return _compiled_cores[key]
-
-
-class BucketKVCache(KVCache):
-    """mlx-lm's KVCache whose buffer length is always a multiple of its step (a multiple of
-    `bucket`), so attention can read a whole bucket of it. mlx-lm's own cache cuts the
-    buffer to the offset before growing it, which leaves lengths that are not."""
-
-    def __init__(self, bucket: Optional[int] = None):
-        super().__init__()
-        self.bucket = bucket or BUCKET
-        self.step = self.bucket * -(-KVCache.step // self.bucket)  # a multiple of the bucket, >= mlx-lm's 256
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        prev, n = self.offset, keys.shape[2]
-        have = 0 if self.keys is None else self.keys.shape[2]
-        if prev + n > have:
-            size = -(-(prev + n) // self.step) * self.step
-            B, Hkv, _, Dk = keys.shape
-            new_k = mx.zeros((B, Hkv, size - have, Dk), keys.dtype)
-            new_v = mx.zeros((B, Hkv, size - have, values.shape[3]), values.dtype)
-            if self.keys is None:
-                self.keys, self.values = new_k, new_v
-            else:
-                self.keys = mx.concatenate([self.keys, new_k], axis=2)
-                self.values = mx.concatenate([self.values, new_v], axis=2)
-        self.offset += n
-        self.keys[..., prev : self.offset, :] = keys
-        self.values[..., prev : self.offset, :] = values
-        return self.keys_and_values()
-
-
-def make_kv_cache(mode: str) -> KVCache:
-    return BucketKVCache() if mode.startswith("bucketed") else KVCache()
-
-
-def bucketed_attention(q: mx.array, cache: KVCache, scale: float, causal: bool, window: Optional[int] = None,
-                       compiled: bool = False) -> Optional[mx.array]:
-    """Attention of q over the first `cache.offset` keys of `cache`, read as a whole bucket of
-    its buffer (the unused slots masked) so that consecutive calls within a bucket see the
-    same shapes. None when the buffer does not reach the bucket (not a BucketKVCache)."""
-    bucket = getattr(cache, "bucket", BUCKET)
-    valid = cache.offset
-    S = -(-valid // bucket) * bucket
-    if cache.keys is None or cache.keys.shape[2] < S:
-        return None
-    k, v = cache.keys[..., :S, :], cache.values[..., :S, :]
-    n = mx.array(valid, mx.int32)
-    if compiled:
-        return _compiled_core(scale, causal, window)(q, k, v, n)
-    return _bucketed_core(q, k, v, n, scale, causal, window)
-
-
-def multi_query_attention(mode: str, q: mx.array, keys: mx.array, values: mx.array, cache: Optional[KVCache],
-                          scale: float, causal: bool) -> Optional[mx.array]:
-    """Multi-query attention in a non-fused `mode`; None means: use the fused kernel."""
+def multi_query_attention(mode: str, q: mx.array, keys: mx.array, values: mx.array, scale: float,
+                          causal: bool) -> Optional[mx.array]:
+    """Multi-query attention in `mode`; None means: use MLX's fused kernel."""
     if mode == "kernel" and block_attention_fits(q, keys, values):
         return block_attention(q, keys, values, scale, causal)
-    if mode.startswith("bucketed") and isinstance(cache, KVCache):
-        out = bucketed_attention(q, cache, scale, causal, compiled=mode == "bucketed-compiled")
-        if out is not None:
-            return out
-    if mode == "plain":
-        return plain_attention(q, keys, values, scale, causal=causal)
-    if mode != "fused":
-        return folded_attention(q, keys, values, scale, causal=causal)
     return None
 
 
@@ -314,15 +173,10 @@ class DraftAttention(nn.Module):
         q = self.rope(q, offset=start)
         kb, vb = self._kv(x, start)
         keys, values = cache.update_and_fetch(kb, vb)
-        out = None
-        if self.mode.startswith("bucketed"):
-            out = bucketed_attention(q, cache, self.scale, causal=False, window=self.window,
-                                     compiled=self.mode == "bucketed-compiled")
-        if out is None:
-            if self.window is not None and keys.shape[2] > self.window + L:
-                keys = keys[:, :, -(self.window + L) :]
-                values = values[:, :, -(self.window + L) :]
-            out = multi_query_attention(self.mode, q, keys, values, None, self.scale, causal=False)
+        if self.window is not None and keys.shape[2] > self.window + L:
+            keys = keys[:, :, -(self.window + L) :]
+            values = values[:, :, -(self.window + L) :]
+        out = multi_query_attention(self.mode, q, keys, values, self.scale, causal=False)
         if out is None:
             out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=None)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -381,12 +235,12 @@ class DFlashDraft(nn.Module):
             layer.self_attn.mode = mode
 
     def make_cache(self) -> list[KVCache]:
-        return [make_kv_cache(self.attention_mode) for _ in self.layers]
+        return [KVCache() for _ in self.layers]
 
     @staticmethod
-    def cache_arrays(cache: list) -> list[tuple[mx.array, mx.array]]:
-        """The MLX arrays of a cache, to evaluate (a numpy draft's host caches have none)."""
-        return [(c.keys, c.values) for c in cache if getattr(c, "keys", None) is not None]
+    def cache_arrays(cache: list[KVCache]) -> list[tuple[mx.array, mx.array]]:
+        """The arrays a cache holds, to evaluate."""
+        return [(c.keys, c.values) for c in cache if c.keys is not None]
 
     def fuse(self, features: mx.array) -> mx.array:
         """[B, L, k*H] concatenated target features -> [B, L, H] draft context."""

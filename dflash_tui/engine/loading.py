@@ -9,7 +9,6 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 
-from dflash_tui.engine import cpu_linear
 from dflash_tui.engine.draft import DFlashDraft, load_draft
 from dflash_tui.engine.registry import draft_for
 from dflash_tui.engine.target import Target
@@ -82,10 +81,8 @@ def fetch(repo: str, patterns: list[str], report: ProgressFn, stage: str, lo: fl
         raise UserError(f"could not fetch {repo} from the Hugging Face hub: {msg}") from None
 
 
-def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None,
-                cpu_matmul: str = "mlx") -> Target:
-    """`cpu_matmul`: auto / numpy / mlx (see engine.cpu_linear). MLX by default: the numpy
-    products carry no gradients, and training loads its target here."""
+def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None) -> Target:
+    """The target through `mlx_lm.load`, run by mlx-lm's own code."""
     import mlx_lm
 
     source = target_source(model)
@@ -98,14 +95,6 @@ def load_target(model: str, trust_remote_code: bool = False, progress: Optional[
     except Exception as exc:  # mlx-lm raises many kinds for a bad model; the user needs one line
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not load model {model}: {msg}") from None
-    try:
-        numpy_matmul = cpu_linear.wanted(cpu_matmul, lm)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if numpy_matmul:
-        # on the model object itself, so plain mlx-lm calls on it (the bench's baseline) run the same kernels
-        cpu_linear.use_numpy(lm, exact=True)
-        cpu_linear.prepare(lm)
     target = Target(lm, tokenizer, name=model)
     if target.is_hybrid:
         # Gated DeltaNet state cannot be trimmed: it needs its own rollback
@@ -141,22 +130,15 @@ def load_pair(
     progress: Optional[ProgressFn] = None,
     draft_dtype: mx.Dtype = mx.bfloat16,
     require_draft: bool = True,
-    cpu_matmul: Optional[str] = None,
 ) -> Pair:
-    """Load target and draft for inference; `draft=None` looks the target up in the registry.
-    `cpu_matmul` (None: $DFLASH_TUI_CPU_MATMUL, else auto) picks the matmul path on MLX's CPU
-    backend (see engine.cpu_linear); the draft's runs on numpy exactly when the target's does."""
+    """Load target and draft for inference; `draft=None` looks the target up in the registry."""
     report = progress or (lambda stage, frac: None)
     target_source(model)
     draft_name = draft or draft_for(model)
     if draft_name is None and require_draft:
         raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
     report("loading target", 0.0)
-    try:
-        mode = cpu_linear.resolve_mode(cpu_matmul)  # None: $DFLASH_TUI_CPU_MATMUL, else auto
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress, cpu_matmul=mode)
+    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress)
     dmodel = None
     if draft_name is not None:
         if progress is not None and _looks_like_repo_id(draft_name):
@@ -164,14 +146,8 @@ def load_pair(
         else:
             draft_name_path = draft_name
         report("loading draft", 0.9)
-        numpy_matmul = cpu_linear.is_numpy(target.model)
-        # on numpy the draft computes in fp32 anyway: keeping it there spares a conversion per product
-        dmodel = load_draft(draft_name_path, dtype=mx.float32 if numpy_matmul else draft_dtype)
+        dmodel = load_draft(draft_name_path, dtype=draft_dtype)
         check_fit(target, dmodel)
-        if numpy_matmul:
-            cpu_linear.use_numpy(dmodel, exact=False)
-            cpu_linear.prepare(dmodel)
-            cpu_linear.prepare_read_out(target.backbone.embed_tokens if target.args.tie_word_embeddings else target.lm.lm_head)
         target.set_capture(dmodel.config.target_layer_ids)
     report("ready", 1.0)
     return Pair(target=target, draft=dmodel, target_name=model, draft_name=draft_name)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
-import numpy as np
 
 from dflash_tui.engine.sampling import (
     KeyStream,
@@ -20,10 +18,8 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
-from dflash_tui.engine import cpu_draft
 from dflash_tui.engine.adaptive import BlockSizer
-from dflash_tui.engine.cpu_linear import host_array
-from dflash_tui.engine.draft_step import block_logits, greedy_choice
+from dflash_tui.engine.draft_step import block_logits
 from dflash_tui.engine.state import DecodeState
 
 
@@ -39,32 +35,27 @@ class Cycle:
     rollback_ms: float
 
 
-def draft_logits(state: DecodeState, token: int, b: int) -> "mx.array | np.ndarray":
+def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals
-    ([b-1, V]: lazy on MLX, or a host array where the whole draft step runs in numpy)."""
+    ([b-1, V], lazy)."""
     return block_logits(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
 
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    return greedy_choice(draft_logits(state, token, b))
+    return greedy(draft_logits(state, token, b))
 
 
 # A proposer returns either [b-1] token ids (a deterministic draft: under
-# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits
-# (MLX's, or numpy's from a host-side draft), from which the loop takes the
-# argmax or, when sampling, draws from q.
-Proposer = Callable[[DecodeState, int, int], "mx.array | np.ndarray"]
+# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits,
+# from which the loop takes the argmax or, when sampling, draws from q.
+Proposer = Callable[[DecodeState, int, int], mx.array]
 
 
 def _choose_proposals(
-    proposed: "mx.array | np.ndarray", sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
+    proposed: mx.array, sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
 ) -> tuple[mx.array, Optional[mx.array]]:
     """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
-    if isinstance(proposed, np.ndarray):
-        if sampling is None and proposed.ndim == 2:
-            return greedy_choice(proposed), None  # host logits: no MLX op for a greedy choice
-        proposed = mx.array(proposed)
     if proposed.ndim == 1:
         return proposed, None
     if sampling is None:
@@ -73,11 +64,8 @@ def _choose_proposals(
 
 
 def lazy_draft_wanted() -> bool:
-    """Hand the draft's proposals to the verify on the device, unread (`DFLASH_TUI_LAZY_DRAFT=0|1`
-    forces it; unset: on a GPU, where the device runs apart from Python)."""
-    flag = os.environ.get("DFLASH_TUI_LAZY_DRAFT", "").strip()
-    if flag:
-        return flag not in ("0", "off", "false")
+    """Hand the draft's proposals to the verify on the device, unread: on a GPU, where the
+    device runs apart from Python (on a CPU the wait costs nothing the verify would not)."""
     return mx.default_device() == mx.gpu
 
 
@@ -107,8 +95,6 @@ def dflash_cycles(
     # pipelined: the draft is not waited for, so draft_ms is the time to set it off and
     # verify_ms runs until both are done (the two still add up to the cycle)
     pipelined = lazy_draft_wanted()
-    # a draft that runs on the host takes the verify's features as host rows, sliced there
-    host_features = cpu_draft.host_parts(target, state.draft, state.draft_cache) is not None
     token = first_token
     while not should_cancel():
         left = remaining()
@@ -156,8 +142,6 @@ def dflash_cycles(
         state.tokens.append(token)
         state.tokens.extend(drafted[:accepted])
         if feats is not None:
-            if host_features:
-                feats = host_array(feats)  # evaluated above: no wait on MLX's stream
             state.pending.append(feats[:, :keep] if keep < b else feats)
         t_roll = time.perf_counter()
 

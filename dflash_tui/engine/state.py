@@ -6,9 +6,7 @@ import time
 from typing import Optional
 
 import mlx.core as mx
-import numpy as np
 
-from dflash_tui.engine.cpu_linear import host_array
 from dflash_tui.engine.draft import DFlashDraft
 from dflash_tui.engine.target import Target
 
@@ -34,16 +32,12 @@ class DecodeState:
         self.pending: list[mx.array] = []
 
     # -- features waiting for the draft ----------------------------------
-    def _joined_pending(self) -> "mx.array | np.ndarray":
-        """The pending features as one array: MLX's, or host rows where any piece is on the host
-        (a draft that runs on the host gets them there, see speculative.dflash_cycles)."""
+    def _joined_pending(self) -> mx.array:
         if len(self.pending) == 1:
             return self.pending[0]
-        if any(isinstance(p, np.ndarray) for p in self.pending):
-            return np.concatenate([p if isinstance(p, np.ndarray) else host_array(p) for p in self.pending], axis=1)
         return mx.concatenate(self.pending, axis=1)
 
-    def take_pending(self) -> "Optional[mx.array | np.ndarray]":
+    def take_pending(self) -> Optional[mx.array]:
         if not self.pending:
             return None
         feats = self._joined_pending()

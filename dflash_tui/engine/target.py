@@ -9,24 +9,21 @@ untouched layers.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from dflash_tui.engine.draft import ATTENTION_MODES, BucketKVCache, default_attention_mode, multi_query_attention
+from dflash_tui.engine.draft import ATTENTION_MODES, default_attention_mode, multi_query_attention
 
 _capturing_classes: dict[type, type] = {}
 PIPELINE_TOKENS = 16  # forwards this short (cycles, not prefill) are evaluated layer group by layer group
 
 
 def pipelining_wanted() -> bool:
-    """`DFLASH_TUI_PIPELINE=0|1` forces it; unset: on where the device runs apart from Python (a GPU)."""
-    flag = os.environ.get("DFLASH_TUI_PIPELINE", "").strip()
-    if flag:
-        return flag not in ("0", "off", "false")
+    """On where the device runs apart from Python (a GPU): there the first layers run while
+    Python still builds the rest."""
     return mx.default_device() == mx.gpu
 
 
@@ -43,7 +40,7 @@ def _verify_sdpa(original, mode: str):
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") or not (mask is None or mask == "causal"):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        out = multi_query_attention(mode, queries, keys, values, cache, scale, causal=mask == "causal")
+        out = multi_query_attention(mode, queries, keys, values, scale, causal=mask == "causal")
         if out is None:
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         return out
@@ -65,8 +62,7 @@ def _sdpa_class(cls: type, mode: str) -> Optional[type]:
 
             patched = dict(g, scaled_dot_product_attention=_verify_sdpa(g["scaled_dot_product_attention"], mode))
             call = types.FunctionType(fn.__code__, patched, fn.__name__, fn.__defaults__, fn.__closure__)
-            prefix = "PlainSDPA" if mode == "plain" else f"{mode.title().replace('-', '')}SDPA"
-            _sdpa_classes[key] = type(f"{prefix}{cls.__name__}", (cls,), {"__call__": call, "_dflash_base": cls})
+            _sdpa_classes[key] = type(f"{mode.title()}SDPA{cls.__name__}", (cls,), {"__call__": call, "_dflash_base": cls})
     return _sdpa_classes[key]
 
 
@@ -112,8 +108,7 @@ class Target:
     def use_attention(self, mode: str) -> int:
         """Run this model's multi-query attention in `mode` (one of ATTENTION_MODES; per
         instance, single-token steps keep the fused kernel); returns how many attention
-        modules now run it. Caches made before keep working, but only caches made after a
-        switch to a bucketed mode keep their shapes fixed within a bucket."""
+        modules now run it. Caches made before keep working."""
         if mode not in ATTENTION_MODES:
             raise ValueError(f"unknown attention mode {mode!r}")
         n = 0
@@ -128,10 +123,6 @@ class Target:
                 n += cls is not base
         self.attention_mode = mode
         return n
-
-    def use_plain_attention(self) -> int:
-        """Route this model's multi-query attention through plain matmuls (per instance)."""
-        return self.use_attention("plain")
 
     # -- shape facts -------------------------------------------------------
     @property
@@ -177,11 +168,6 @@ class Target:
         self.capture_ids = []
         self.hooked_ids = []
 
-    def use_pipelining(self, flush_every: int) -> None:
-        """Evaluate short forwards every `flush_every` layers (0: all at once, at the end)."""
-        self.flush_every = flush_every
-        self.set_capture(self.capture_ids)
-
     def _flush_ids(self) -> list[int]:
         k = self.flush_every
         return list(range(k - 1, self.num_layers - 1, k)) if k > 0 else []
@@ -216,11 +202,7 @@ class Target:
         return self.head(h), feats
 
     def make_cache(self) -> list[Any]:
-        cache = make_prompt_cache(self.model)
-        if self.attention_mode.startswith("bucketed"):
-            # the model's empty KVCaches, replaced by ones whose buffers grow a bucket at a time
-            cache = [BucketKVCache() if type(c) is KVCache else c for c in cache]
-        return cache
+        return make_prompt_cache(self.model)
 
     # -- rollback ----------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
