@@ -33,7 +33,7 @@ def test_figures_agree_with_the_engines_own_stats():
         else:
             blocks = [e for e in reply.events() if isinstance(e, Block)]
             assert stats.tokens_per_cycle is None and stats.target_steps == len(blocks)
-            assert sum(len(b.emitted) for b in blocks) == done["generated_tokens"]
+            assert sum(b.reply_tokens for b in blocks) == done["generated_tokens"]
 
 
 def test_position_profile_and_length_histogram():

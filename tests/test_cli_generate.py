@@ -37,7 +37,7 @@ def test_json_events_and_exact_tokens(qwen3_dirs, qwen3_pair):
         [{"role": "user", "content": "hello there"}], add_generation_prompt=True, enable_thinking=False
     )
     assert done["tokens"] == reference_tokens(qwen3_pair, list(prompt), 40)
-    assert sum(len(e["emitted"]) for e in events if e["type"] == "block") == len(done["tokens"])
+    assert sum(len(e["emitted"]) - e["eos"] for e in events if e["type"] == "block") == len(done["tokens"])
 
 
 def test_stdin_system_raw_and_baseline(qwen3_dirs, qwen3_pair):

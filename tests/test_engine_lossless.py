@@ -22,6 +22,10 @@ def run(conv: Conversation, text: str, settings: GenerationSettings) -> tuple[li
     return events, events[-1]
 
 
+def s_tpc(done: Done) -> float:
+    return done.stats["tokens_per_cycle"]
+
+
 def prompt_of(conv: Conversation) -> list[int]:
     return conv.prompt_tokens(conv.messages[:-1])
 
@@ -40,7 +44,8 @@ def test_oracle_draft_matches_stream_generate(qwen3_pair, block_size, prompt):
     events, done = run(conv, text, GenerationSettings(max_tokens=200, block_size=block_size, prefill_chunk=128))
     assert done.tokens == ref
     blocks = [e for e in events if isinstance(e, Block)]
-    assert sum(len(b.emitted) for b in blocks) == len(ref)
+    assert sum(b.reply_tokens for b in blocks) == len(ref)
+    assert all(b.drafted[: b.accepted] == b.emitted[: b.accepted] and b.emitted for b in blocks if b.drafted)
     if block_size > 2:
         # the oracle must have produced rejections and partial accepts of several depths
         accepted = {b.accepted for b in blocks if b.drafted}
@@ -93,7 +98,11 @@ def test_eos_inside_an_accepted_block(qwen3_pair):
     assert done.finish_reason == "stop"
     assert done.tokens == want
     last = [e for e in events if isinstance(e, Block)][-1]
-    assert stop not in last.emitted and last.accepted > len(last.emitted)  # cut inside the block
+    # the stop token ended the reply inside the block: it is the last token the block gave, and no
+    # drafted token after it counts as accepted, although the target agreed with them all
+    assert last.eos and last.emitted[-1] == stop and stop not in last.emitted[:-1]
+    assert len(last.drafted) > len(last.emitted) and last.accepted == len(last.emitted)
+    assert last.drafted[: last.accepted] == last.emitted[: last.accepted]
 
 
 def test_three_turns_equal_fresh_runs(qwen3_pair):
@@ -202,7 +211,8 @@ def test_decode_speed_runs_from_the_first_token_to_the_last(qwen3_pair):
         tok.eos_token_ids = saved
     assert done.finish_reason == "stop" and done.tokens == ref[:k]
     last = [e for e in events if isinstance(e, Block)][-1]
-    assert last.emitted == [] and last.drafted  # the stopping cycle kept nothing
+    assert last.emitted == [stop] and last.eos and last.drafted and last.reply_tokens == 0  # it gave only the stop
+    assert s_tpc(done) == 1.0  # every cycle gave one token, the last one the stop: never below 1
     s = done.stats
     span = (k - 1) / s["decode_tps"]
     assert s["decode_s"] >= 0.5 > span  # the wall time holds the slow cycle; the speed does not

@@ -159,7 +159,7 @@ class Conversation:
         decode_start = time.perf_counter()
 
         def emit(new: list[int]) -> tuple[list[int], str, bool]:
-            """Cut at EOS / max_tokens; returns (kept tokens, their text, finished)."""
+            """Cut at EOS / max_tokens; returns (what the reply keeps, its text, finished)."""
             nonlocal finish
             kept = []
             for t in new:
@@ -182,7 +182,8 @@ class Conversation:
         kept, text, finished = emit([first])
         tokens.extend(kept)
         first_at = last_at = time.perf_counter()  # decode speed: the first token to the last
-        yield Block(index=0, drafted=[], accepted=0, emitted=kept, text=text)
+        yield Block(index=0, drafted=[], accepted=0, emitted=[first] if finish == "stop" else kept, text=text,
+                    eos=finish == "stop")
         index = 1
         if not finished and max_tokens > 1:
             remaining = lambda: max_tokens - len(tokens)  # noqa: E731
@@ -196,15 +197,20 @@ class Conversation:
                 tokens.extend(kept)
                 if kept:
                     last_at = time.perf_counter()
+                # what the cycle gave the reply: the kept tokens, and the EOS that ended it; a drafted
+                # token past that end is not accepted, whatever the target says of it
+                stopped = finished and finish == "stop"
+                produced = cyc.emitted[: len(kept) + 1] if stopped else kept
+                accepted = min(cyc.accepted, len(produced))
                 if cyc.drafted:
                     totals["cycles"] += 1
                     totals["drafted"] += len(cyc.drafted)
-                    totals["accepted"] += cyc.accepted
-                    totals["cycle_tokens"] += len(kept) if finished else len(cyc.emitted)
+                    totals["accepted"] += accepted
+                    totals["cycle_tokens"] += len(produced)
                 for k in ("draft_ms", "verify_ms", "rollback_ms"):
                     totals[k] += getattr(cyc, k)
-                yield Block(index=index, drafted=cyc.drafted, accepted=cyc.accepted, emitted=kept, text=text,
-                            draft_ms=cyc.draft_ms, verify_ms=cyc.verify_ms, rollback_ms=cyc.rollback_ms)
+                yield Block(index=index, drafted=cyc.drafted, accepted=accepted, emitted=produced, text=text,
+                            draft_ms=cyc.draft_ms, verify_ms=cyc.verify_ms, rollback_ms=cyc.rollback_ms, eos=stopped)
                 index += 1
                 if finished:
                     break

@@ -16,7 +16,10 @@ class Prefill:
 
 @dataclass
 class Block:
-    """One cycle. `emitted` = accepted proposals + the target's own token.
+    """One cycle. `emitted` = accepted proposals + the target's own token, up to the end of
+    the reply: `drafted[:accepted] == emitted[:accepted]` always. With `eos`, the cycle
+    ended the reply and the last of `emitted` is the end-of-sequence token, which is not
+    part of the reply's tokens or `text`.
 
     A block with nothing drafted is a plain target step (the first token after
     prefill, or every token in baseline mode).
@@ -30,7 +33,13 @@ class Block:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     rollback_ms: float = 0.0
+    eos: bool = False
     type: str = field(default="block", init=False)
+
+    @property
+    def reply_tokens(self) -> int:
+        """How many of `emitted` belong to the reply (the EOS does not)."""
+        return len(self.emitted) - (1 if self.eos else 0)
 
 
 @dataclass

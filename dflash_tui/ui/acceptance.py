@@ -285,7 +285,7 @@ class AcceptanceRows(ScrollView):
         n = len(b.drafted)
         if n == 0:
             segs.append(Segment("   · ", st("acceptance--count")))
-            if b.emitted:
+            if b.emitted and not b.eos:
                 segs += self._cells(b.emitted[:1], st("acceptance--target"))
             else:
                 segs.append(Segment("⏹", st("acceptance--end")))  # the step that met EOS
@@ -295,6 +295,8 @@ class AcceptanceRows(ScrollView):
         cells: list[Segment] = []
         cells += self._cells(b.drafted[:accepted], st("acceptance--accepted"))
         own = b.emitted[accepted] if len(b.emitted) > accepted else None
+        if own is not None and b.eos and accepted == len(b.emitted) - 1:
+            own = None  # the target's own token ended the reply: shown as the end mark
         if accepted < n:
             cells += self._cells(b.drafted[accepted:accepted + 1], st("acceptance--rejected"))
         if own is not None:

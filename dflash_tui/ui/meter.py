@@ -148,7 +148,7 @@ class MeterState:
     def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
         if not self.generating:  # blocks without a prefill first (a replay that jumped in)
             self._start_turn()
-        tokens = sum(len(b.emitted) for b in blocks)
+        tokens = sum(b.reply_tokens for b in blocks)
         for b in blocks:
             if b.drafted:
                 self.last_block = len(b.drafted) + 1  # the size the engine chose for this cycle
