@@ -54,3 +54,20 @@ def test_tui_overhead_runs_the_app_and_headless_side_by_side(qwen3_dirs):
     assert lines["reply"].startswith("12 tokens headless, 12 in the TUI")  # the same reply length both ways
     assert len(lines["headless"].split("runs ")[1].split(",")) == 2 and len(lines["in"].split("runs ")[1].split(",")) == 2
     assert "%" in lines["TUI"] and "median" in lines["paired"]
+
+
+def test_exactness_counts_identical_replies_and_where_they_differ(qwen3_dirs, tmp_path, capsys):
+    from dflash_tui.bench import exactness
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("first request\nsecond request\n")
+    assert exactness.main(["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--prompts",
+                           str(prompts), "--max-tokens", "24", "--block-size", "4", "auto", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # on MLX's CPU backend the engine runs mlx-lm's own kernels: every reply is identical
+    assert report["summary"] == {b: {"identical": 2, "prompts": 2, "first_differences": []} for b in ("4", "auto")}
+    assert [(r["prompt"], r["block_size"]) for r in report["rows"]] == [(0, 4), (0, "auto"), (1, 4), (1, "auto")]
+    assert all(r["tokens"] == 24 for r in report["rows"])
+    # and where two token lists part, it says at which token
+    assert exactness.first_difference([1, 2, 3], [1, 2, 4]) == 2
+    assert exactness.first_difference([1, 2], [1, 2, 3]) == 2 and exactness.first_difference([5], [5]) is None

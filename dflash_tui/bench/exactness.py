@@ -1,0 +1,117 @@
+"""Benchmark (not a test): how often greedy DFlash output equals vanilla mlx-lm, token for token.
+
+For each prompt, the reference is `mlx_lm.stream_generate` on a separate
+`mlx_lm.load` of the target (what a user would run instead); DFlash runs
+through the engine at each block size asked for. On MLX's CPU backend the two
+are equal by construction (the tests check it); on a GPU in bf16 a many-row
+verify may round a near-tie differently from a one-row decode step, and this
+counts how often that changes a reply, and where.
+
+    python -m dflash_tui.bench.exactness --demo --prompts dflash_tui/demo/heldout_prompts.jsonl \\
+        --max-tokens 256 --block-size 4 8 16 auto --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import mlx.core as mx
+
+from dflash_tui.engine.conversation import Conversation, GenerationSettings
+from dflash_tui.engine.loading import Pair, load_pair
+
+
+@dataclass
+class Comparison:
+    prompt: int
+    block_size: Union[int, str]
+    tokens: int  # the reference's length
+    identical: bool
+    first_difference: Optional[int]  # index of the first differing token, None when identical
+
+
+def first_difference(a: list[int], b: list[int]) -> Optional[int]:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens of `mlx_lm.stream_generate` (the EOS excluded, as it reports them)."""
+    import mlx_lm
+
+    out = []
+    for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens):
+        if r.finish_reason == "stop":
+            break
+        out.append(r.token)
+    return out
+
+
+def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_tokens: int,
+            block_sizes: list[Union[int, str]]) -> list[Comparison]:
+    conv = Conversation(pair)
+    rows = []
+    for i, prompt in enumerate(prompts):
+        ref = vanilla_tokens(*vanilla, prompt, max_tokens)
+        for b in block_sizes:
+            conv.state.reset()
+            events = list(conv.generate_tokens(prompt, GenerationSettings(max_tokens=max_tokens, block_size=b)))
+            done = events[-1]
+            if done.type != "done":
+                raise RuntimeError(getattr(done, "message", "generation failed"))
+            diff = first_difference(ref, done.tokens)
+            rows.append(Comparison(i, b, len(ref), diff is None, diff))
+    return rows
+
+
+def summary(rows: list[Comparison]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        s = out.setdefault(str(r.block_size), {"identical": 0, "prompts": 0, "first_differences": []})
+        s["prompts"] += 1
+        s["identical"] += r.identical
+        if not r.identical:
+            s["first_differences"].append(r.first_difference)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import mlx_lm
+
+    from dflash_tui.commands.bench import read_prompts
+    from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arguments(p)
+    p.add_argument("--prompts", type=Path, default=None, metavar="FILE", help="one request per line, or JSONL")
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--block-size", type=_block_size, nargs="+", default=[16])
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    texts = read_prompts(args)
+    model, draft = resolve_pair(args)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code)
+    vanilla = mlx_lm.load(model)[:2]  # a second, untouched instance
+    tok = pair.target.tokenizer
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                            enable_thinking=False)) for t in texts]
+    rows = compare(pair, vanilla, prompts, args.max_tokens, args.block_size)
+    report = {"device": str(mx.default_device()), "dtype": str(pair.target.dtype), "attention": pair.target.attention_mode,
+              "max_tokens": args.max_tokens, "summary": summary(rows), "rows": [asdict(r) for r in rows]}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for b, s in report["summary"].items():
+            print(f"block {b}: {s['identical']}/{s['prompts']} identical; first differences at {s['first_differences']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
