@@ -90,6 +90,30 @@ async def test_compact_below_sixty_columns_and_wide_above():
         assert meter.size.width >= 60 and "no baseline measured yet" in wide
 
 
+async def test_target_only_is_said_plainly_with_no_draft_and_when_the_sizer_drops_to_block_1():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("mlx-community/Qwen3-14B-4bit", None, "cpu", no_draft="none known for qwen3-14b")
+        meter.set_settings({"block_size": 1, "temperature": 0.0, "mode": "dflash"})
+        meter.on_done(Done([1, 2], "", "stop", {"mode": "baseline", "decode_tps": 20.0}))
+        await pilot.pause()
+        body = str(meter._body.render())
+        assert "target only (no draft: none known for qwen3-14b)" in body and "(baseline)" not in body
+        assert body.splitlines()[-1].startswith("target only")  # no block size where nothing drafts
+
+        # with a draft, an adaptive block size that chooses a target-alone step says so
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        meter.set_settings({"block_size": "auto", "temperature": 0.0, "mode": "dflash"})
+        meter.on_prefill(Prefill(10, 0, 0.1))
+        meter.on_blocks([Block(0, [], 0, [5], "a"), Block(1, [1, 2, 3], 3, [1, 2, 3, 4], "b")], 0.2)
+        await pilot.pause()
+        assert "block auto (now 4)" in str(meter._body.render())
+        meter.on_blocks([Block(2, [], 0, [6], "c")], 0.1)
+        await pilot.pause()
+        body = str(meter._body.render())
+        assert "block auto (now 1: target only)" in body and "no draft" not in body
+
+
 def _feed_mid_reply(app) -> None:
     """The first reply, two thirds of the way through, as the worker would feed it."""
     session = trace_session()

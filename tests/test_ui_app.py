@@ -576,6 +576,20 @@ async def test_after_load_the_meter_shows_the_pair_device_memory_and_a_measured_
         assert costs and all(c > 0 for c in costs.values())
 
 
+async def test_a_target_with_no_known_draft_runs_alone_and_the_meter_says_why(qwen3_dirs, engine_events):
+    app = DFlashApp(model=str(qwen3_dirs["target"]), draft=None, probe_tokens=0)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        assert app.draft_name is None
+        await send(pilot, app, "hello")
+        await finish_turn(pilot, app)
+        assert engine_events[-1][-1].stats["mode"] == "baseline"  # the engine really ran the target alone
+        body = str(app.meter._body.render())
+        assert "target only (no draft: none known for target)" in body
+        notes = [str(n.render()) for n in app.chat.query(Note)]
+        assert any("with no draft (none known for target): the target runs alone" in n for n in notes), notes
+
+
 async def test_a_turn_runs_with_a_short_gil_switch_and_frozen_collector_and_restores_both(qwen3_dirs, engine_events):
     import gc
     import sys

@@ -105,22 +105,12 @@ def load_target(model: str, trust_remote_code: bool = False, progress: Optional[
 
 
 def check_fit(target: Target, draft: DFlashDraft) -> None:
-    """Raise UserError saying exactly what does not fit."""
-    c = draft.config
-    problems = []
-    if c.hidden_size != target.hidden_size:
-        problems.append(f"hidden size {c.hidden_size} != target's {target.hidden_size}")
-    if c.vocab_size != target.vocab_size:
-        problems.append(f"vocab size {c.vocab_size} != target's {target.vocab_size}")
-    if c.num_target_layers != target.num_layers:
-        problems.append(f"num_target_layers {c.num_target_layers} != target's {target.num_layers} layers")
-    bad = [i for i in c.target_layer_ids if not 0 <= i < target.num_layers]
+    """Raise UserError naming every check the pair fails (see engine.fit)."""
+    from dflash_tui.engine.fit import failed, fit_checks
+
+    bad = failed(fit_checks(draft.config, target.hidden_size, target.vocab_size, target.num_layers))
     if bad:
-        problems.append(f"target_layer_ids {bad} out of range for {target.num_layers} layers")
-    if not 0 <= c.mask_token_id < target.vocab_size:
-        problems.append(f"mask_token_id {c.mask_token_id} not in the target's vocab ({target.vocab_size})")
-    if problems:
-        raise UserError("draft does not fit the target: " + "; ".join(problems))
+        raise UserError("draft does not fit the target: " + "; ".join(c.detail for c in bad))
 
 
 def load_pair(

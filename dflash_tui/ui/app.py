@@ -292,12 +292,15 @@ class DFlashApp(App[None]):
             self.session.decoder = message.decoder
         self.acceptance.reset()
         self.acceptance.set_decoder(message.decoder)
-        self.meter.set_pair(message.target, message.draft, message.device)
+        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
         self.meter.set_settings(self.meter_settings())
         self.meter.set_baseline_tps(None)
         self.chat.border_title = f"conversation · {_short(message.target)}"
-        draft = f" with draft {message.draft}" if message.draft else " (no draft: target only)"
-        self.chat.add_note(f"Loaded {message.target}{draft} in {message.seconds:.1f} s.")
+        if message.draft:
+            self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
+        else:
+            self.chat.add_note(f"Loaded {message.target} in {message.seconds:.1f} s with no draft "
+                               f"({message.no_draft or 'none given'}): the target runs alone.")
         if self._pending_load and self._pending_load[2]:
             self._remember_pair(message.target, message.draft)
         self._pending_load = None

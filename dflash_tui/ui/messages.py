@@ -21,10 +21,11 @@ class EngineLoading(Message):
 
 class EngineReady(Message):
     def __init__(self, target: str, draft: Optional[str], device: str, block_size: int,
-                 decoder: Callable[[int], str], seconds: float) -> None:
+                 decoder: Callable[[int], str], seconds: float, no_draft: Optional[str] = None) -> None:
         super().__init__()
         self.target = target
         self.draft = draft
+        self.no_draft = no_draft  # without a draft: why (the target runs alone)
         self.device = device
         self.block_size = block_size
         self.decoder = decoder  # token id -> text; pure tokenizer work, safe on the UI thread

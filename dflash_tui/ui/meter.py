@@ -81,6 +81,7 @@ class MeterState:
     target: Optional[str] = None
     last_block: Optional[int] = None  # block size of the latest drafting cycle
     draft: Optional[str] = None
+    no_draft: Optional[str] = None  # why the pair has no draft (the target runs alone)
     device: Optional[str] = None
     settings: dict[str, Any] = field(default_factory=dict)
     baseline_tps: Optional[float] = None
@@ -154,6 +155,8 @@ class MeterState:
                 self.last_block = len(b.drafted) + 1  # the size the engine chose for this cycle
                 self.turn_cycles += 1
                 self.turn_cycle_tokens += len(b.emitted)
+            elif b.index > 0 and self.mode == "dflash":
+                self.last_block = 1  # the block sizer chose a target-alone step (block 0 is the prefill's token)
         self.turn_tokens += tokens
         if elapsed_s > 0:
             self.turn_seconds += elapsed_s
@@ -264,8 +267,11 @@ class SystemMeter(Widget):
         self.state.on_done(ev)
         self._update()
 
-    def set_pair(self, target: Optional[str], draft: Optional[str], device: Optional[str]) -> None:
+    def set_pair(self, target: Optional[str], draft: Optional[str], device: Optional[str],
+                 no_draft: Optional[str] = None) -> None:
+        """`no_draft`: why a loaded target has no draft; the meter then says it runs alone."""
         self.state.target, self.state.draft, self.state.device = target, draft, device
+        self.state.no_draft = no_draft if draft is None else None
         self._update()
 
     def set_settings(self, settings: dict[str, Any]) -> None:
@@ -284,8 +290,8 @@ class SystemMeter(Widget):
 
     def reset_turns(self) -> None:
         """Forget the turn figures (a replay that jumps), keeping the pair and settings."""
-        keep = MeterState(target=self.state.target, draft=self.state.draft, device=self.state.device,
-                          settings=self.state.settings, baseline_tps=self.state.baseline_tps)
+        keep = MeterState(target=self.state.target, draft=self.state.draft, no_draft=self.state.no_draft,
+                          device=self.state.device, settings=self.state.settings, baseline_tps=self.state.baseline_tps)
         self.state = keep
         self._update(spark=True)
 
@@ -329,7 +335,10 @@ class SystemMeter(Widget):
 
         # speedup and tokens per cycle
         speedup = s.speedup
-        if s.mode == "baseline":
+        if s.no_draft:
+            t.append("target only", value)
+            t.append(f" (no draft: {s.no_draft})", label)
+        elif s.mode == "baseline":
             t.append("target only" + (" (baseline)" if not compact else ""), value)
         elif speedup is not None:
             t.append(f"{speedup:.2f}×", w.style("good"))
@@ -338,9 +347,10 @@ class SystemMeter(Widget):
             t.append("—", value)
             t.append(" speedup" + ("" if compact else " (no baseline measured yet)"), label)
         tpc = s.tokens_per_cycle
-        t.append(" · " if compact else "\n", label)
-        t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
-        t.append(" tok/cyc" if compact else " tokens/cycle", label)
+        if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
+            t.append(" · " if compact else "\n", label)
+            t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
+            t.append(" tok/cyc" if compact else " tokens/cycle", label)
 
         # prefill
         t.append(" · " if not compact else "\n", label)
@@ -379,13 +389,15 @@ class SystemMeter(Widget):
         t.append("\n")
         st = s.settings
         block = st.get("block_size")
-        if st.get("mode") == "baseline":
+        if st.get("mode") == "baseline" or s.no_draft:
             t.append("target only", value)
         else:
             t.append("block " if not compact else "B ", label)
             t.append(str(block) if block else "auto", value)
             if block == "auto" and s.last_block:
-                t.append(f" (now {s.last_block})", label)
+                t.append(f" (now {s.last_block}" + (": target only)" if s.last_block == 1 else ")"), label)
+            elif block == 1:
+                t.append(" (target only)", label)
         t.append(" · ", label)
         t.append(sampling_label(st), value)
         if st.get("max_tokens"):

@@ -61,7 +61,7 @@ def cached_models(cache_dir: Optional[Path] = None) -> list[ModelChoice]:
             continue  # drafts are offered next to their targets
         draft = draft_for(repo.repo_id)
         if draft is None:
-            note = "no known draft: type one below"
+            note = "no known draft: the target alone, or type one below"
         else:
             note = f"draft {draft}" + ("" if draft in cached else " (not downloaded)")
         choices.append(ModelChoice(repo.repo_id, draft, f"{_human_size(repo.size_on_disk)} · {note}", "cached"))

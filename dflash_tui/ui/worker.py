@@ -243,6 +243,7 @@ class EngineWorker:
     def _load(self, req: Load) -> None:
         from dflash_tui.engine.conversation import Conversation
         from dflash_tui.engine.loading import load_pair
+        from dflash_tui.engine.registry import choose_draft
         from dflash_tui.errors import UserError
 
         tic = time.perf_counter()
@@ -255,7 +256,9 @@ class EngineWorker:
         self.pair = self.conversation = None
         self._peak = 0
         try:
-            pair = load_pair(req.model, req.draft or None, trust_remote_code=req.trust_remote_code, progress=progress)
+            # a target with no known draft runs alone, and the meter says why (no silent fallback)
+            pair = load_pair(req.model, req.draft or None, trust_remote_code=req.trust_remote_code, progress=progress,
+                             require_draft=False)
         except UserError as exc:
             self._post(msg.EngineFailed(req.model, str(exc)))
             return
@@ -266,8 +269,9 @@ class EngineWorker:
         self.conversation = Conversation(pair, system=req.system or None)
         tokenizer = pair.target.tokenizer
         block = pair.draft.config.block_size if pair.draft is not None else 1
+        no_draft = None if pair.draft is not None else choose_draft(req.model).reason
         self._post(msg.EngineReady(pair.target_name, pair.draft_name, device_name(), block,
-                                   _decoder(tokenizer), time.perf_counter() - tic))
+                                   _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft))
         self._sample_memory()
         if req.probe_tokens > 0:
             try:

@@ -1,0 +1,150 @@
+"""`dflash-tui doctor`: which draft a model would get and why, whether the pair fits, on what backend,
+in how much memory, and what would not work. Reads config.json files and safetensors headers only:
+nothing is loaded or downloaded.
+
+Exit status: 0 everything checked fits; 1 a check failed; 3 nothing failed but some checks could
+not be made (a hub model not downloaded yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import unicodedata
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Optional
+
+from dflash_tui.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.diagnose import Diagnosis
+    from dflash_tui.engine.facts import Location
+
+NOT_CHECKED = 3
+_MARK = {True: "ok", False: "FAIL", None: "?"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = ("Reads config files and weight-file headers only; downloads nothing. Exit status: 0 everything "
+                     "fits, 1 a check failed, 3 some checks need files not downloaded yet.")
+    parser.add_argument("--model", "-m", metavar="M", help="target: a local mlx-lm model directory or a hub repo id")
+    parser.add_argument("--draft", "-d", metavar="D", help="DFlash draft (default: the registry's for --model)")
+    parser.add_argument("--demo", action="store_true", help="check the bundled demo pair (the default without --model)")
+    parser.add_argument("--tokens", type=int, default=None, metavar="N",
+                        help="context length the memory figures are for (default 8192)")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+
+
+def clean(text: Any) -> str:
+    """Control and format characters (escapes, bidi overrides) written out as escapes:
+    a model name or config value must not drive the terminal."""
+    out = []
+    for ch in str(text):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dflash_tui.commands.common import resolve_pair
+    from dflash_tui.engine.diagnose import DEFAULT_TOKENS, diagnose
+
+    tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+    if tokens < 1:
+        raise UserError("--tokens must be at least 1")
+    model, draft = resolve_pair(args)
+    demo = args.demo or not args.model
+    diag = diagnose(model, draft, tokens, draft_reason="the bundled demo pair" if demo else "given with --draft")
+    if args.json:
+        print(json.dumps(as_json(diag), indent=2))  # ensure_ascii: control characters come out escaped
+    else:
+        for line in report_lines(diag):
+            print(clean(line))
+    if diag.failed:
+        return 1
+    return NOT_CHECKED if diag.unchecked else 0
+
+
+# -- the report --------------------------------------------------------------------------------
+def report_lines(diag: "Diagnosis") -> list[str]:
+    from dflash_tui.engine.facts import human_bytes as hb
+
+    t, d, b, m = diag.target_facts, diag.draft_facts, diag.backend, diag.memory
+    lines = [f"target   {diag.target}"]
+    if t is not None:
+        kinds = ", ".join(f"{n} {k}" for k, n in t.kinds.items())
+        lines.append(f"         {t.model_type}: {t.num_layers} layers ({kinds}), hidden {t.hidden_size}, "
+                     f"vocab {t.vocab_size}, context {t.context}")
+        lines.append(f"         quantization: {t.quantization}; computes and caches in {t.activation_dtype}")
+        lines.append("         hybrid: " + ("yes: Gated DeltaNet layers roll back from a per-cycle record"
+                                            if t.hybrid else "no"))
+    lines.append(f"draft    {diag.draft or 'none: the target would run alone'}")
+    lines.append(f"         why: {diag.draft_reason}")
+    if d is not None:
+        c = d.config
+        lines.append(f"         {c.num_hidden_layers} layers, block size {c.block_size}, "
+                     f"reads target layers {c.target_layer_ids}, {d.params} parameters")
+    lines.append(f"backend  {b.backend}" + (f" ({b.device})" if b.device else "")
+                 + f"; attention: {b.attention}; kernels: {b.kernels}")
+    lines.append("checks")
+    width = max(len(c.name) for c in diag.checks)
+    lines += [f"  {_MARK[c.ok]:<4}  {c.name:<{width}}  {c.detail}" for c in diag.checks]
+    if m is not None:
+        lines.append(f"memory at {m.tokens} tokens")
+        # (what, bytes, bytes per token of context)
+        rows = [("target weights", m.target_weights, 0), ("target cache", m.target_cache, t.per_token if t else 0),
+                ("draft weights", m.draft_weights, 0), ("draft cache", m.draft_cache, d.per_token if d else 0)]
+        if m.hybrid_extra:
+            rows.append(("hybrid state copies", m.hybrid_extra, 0))
+        rows.append(("total", m.total, 0))
+        lines += [f"  {what:<20} {hb(n)}" + (f" ({hb(per)} per token)" if per else "") for what, n, per in rows]
+        lines.append(f"  at the model's context ({m.context} tokens): {hb(m.total_at_context)}")
+        if m.budget is not None:
+            fits = ("the whole context fits" if m.max_tokens == m.context
+                    else f"fits up to about {m.max_tokens} tokens of context")
+            lines.append(f"  available: {hb(m.budget)} ({b.budget_source}); {fits}")
+    if diag.wont_work:
+        lines.append("would not work")
+        lines += [f"  - {w}" for w in diag.wont_work]
+    lines.append(verdict(diag))
+    return lines
+
+
+def verdict(diag: "Diagnosis") -> str:
+    if diag.failed:
+        return "verdict: does not work: " + ", ".join(c.name for c in diag.failed)
+    if diag.unchecked:
+        return "verdict: nothing failed, not everything could be checked: " + ", ".join(c.name for c in diag.unchecked)
+    return "verdict: everything fits"
+
+
+def as_json(diag: "Diagnosis") -> dict[str, Any]:
+    t, d = diag.target_facts, diag.draft_facts
+    out: dict[str, Any] = {
+        "target": diag.target,
+        "target_location": _location(diag.target_location),
+        "draft": diag.draft,
+        "draft_reason": diag.draft_reason,
+        "draft_location": _location(diag.draft_location),
+        "hybrid": diag.hybrid,
+        "checks": [asdict(c) for c in diag.checks],
+        "backend": asdict(diag.backend),
+        "memory": asdict(diag.memory) if diag.memory else None,
+        "would_not_work": diag.wont_work,
+        "ok": not diag.failed and not diag.unchecked,
+    }
+    if t is not None:
+        out["target_facts"] = {k: v for k, v in asdict(t).items() if k != "cache"}
+        out["target_facts"].update(kv_bytes_per_token=t.per_token, fixed_state_bytes=t.fixed_state)
+    if d is not None:
+        out["draft_facts"] = {"config": d.config.to_dict(), "params": d.params, "weights_bytes": d.weights_bytes,
+                              "kv_bytes_per_token": d.per_token}
+    return out
+
+
+def _location(loc: "Optional[Location]") -> Optional[dict[str, Any]]:
+    if loc is None:
+        return None
+    return {"where": loc.where, "path": str(loc.path) if loc.path else None, "missing": loc.missing}

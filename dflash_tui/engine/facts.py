@@ -1,0 +1,363 @@
+"""Facts about a target or a draft checkpoint read from its files, without loading weights.
+
+config.json gives the shapes; each safetensors file's header (an 8-byte length,
+then JSON naming every tensor's dtype, shape and byte range) gives the sizes.
+A hub repo id is looked up in the local Hugging Face cache only: nothing here
+downloads.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from dflash_tui.engine.draft import DraftConfig, DraftLoadError
+
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+MAX_HEADER = 256 * 1024 * 1024  # a header longer than this is not a safetensors file
+DRAFT_BYTES = 2  # load_pair loads the draft in bfloat16: weights and cache
+STATE_BYTES = 4  # mlx-lm keeps the Gated DeltaNet recurrent state in float32
+
+
+def human_bytes(n: float) -> str:
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    x, i = float(n), 0
+    while abs(x) >= 1024 and i < len(units) - 1:
+        x, i = x / 1024, i + 1
+    return f"{x:.0f} {units[i]}" if i == 0 or x >= 100 else f"{x:.1f} {units[i]}"
+
+
+class CheckpointError(ValueError):
+    """A file that is not what it claims to be (the message is for the user)."""
+
+
+# -- where the files are ---------------------------------------------------------------------
+@dataclass
+class Location:
+    name: str
+    path: Optional[Path]  # the directory holding config.json, when there is one
+    where: str  # "directory" | "hub cache" | "not downloaded" | "not found"
+    missing: list[str] = field(default_factory=list)  # weight files the index names that are absent
+
+    @property
+    def present(self) -> bool:
+        return self.path is not None and not self.missing
+
+
+def is_repo_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+def locate(name: str, index_file: str = "model.safetensors.index.json") -> Location:
+    """A local directory, a hub repo in the local cache, or a hub repo that would be downloaded."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return Location(name, path if path.is_dir() else None, "directory" if path.is_dir() else "not found")
+    if not is_repo_id(name):
+        return Location(name, None, "not found")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        hit = try_to_load_from_cache(name, "config.json")
+    except Exception:  # a name the hub would refuse (bad characters): not a repo id after all
+        return Location(name, None, "not found")
+    if not isinstance(hit, str):
+        return Location(name, None, "not downloaded")
+    snapshot = Path(hit).parent
+    return Location(name, snapshot, "hub cache", missing=_missing_shards(snapshot, index_file))
+
+
+def _missing_shards(folder: Path, index_file: str) -> list[str]:
+    index = folder / index_file
+    if not index.is_file():
+        return []
+    try:
+        names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    except (OSError, ValueError, AttributeError):
+        return [index_file]
+    return [n for n in names if not (folder / n).is_file()]
+
+
+# -- safetensors headers ---------------------------------------------------------------------
+@dataclass
+class Tensor:
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+
+    @property
+    def elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def read_header(path: Path) -> list[Tensor]:
+    """The tensors a safetensors file holds, from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise CheckpointError(f"{path.name} is not a safetensors file (too short)")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER:
+                raise CheckpointError(f"{path.name} is not a safetensors file (header length {n})")
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        raise CheckpointError(f"{path.name} is unreadable: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise CheckpointError(f"{path.name} is not a safetensors file (bad header)") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path.name} is not a safetensors file (bad header)")
+    out = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = info["data_offsets"]
+            out.append(Tensor(str(name), str(info["dtype"]), [int(d) for d in info["shape"]], int(end) - int(start)))
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path.name} has a malformed entry for tensor {name!r}") from None
+    return out
+
+
+def read_weights(folder: Path, pattern: str) -> list[Tensor]:
+    files = sorted(folder.glob(pattern))
+    if not files:
+        raise CheckpointError(f"no {pattern} weights in the checkpoint")
+    return [t for f in files for t in read_header(f)]
+
+
+# -- config ------------------------------------------------------------------------------------
+def read_config(folder: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except OSError:
+        raise CheckpointError("no readable config.json") from None
+    except ValueError as exc:
+        raise CheckpointError(f"config.json is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError("config.json is not a JSON object")
+    return cfg
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language model's settings: `text_config` for multimodal wrappers (Qwen3.5), else the top level."""
+    text = cfg.get("text_config")
+    return {**cfg, **text} if isinstance(text, dict) else cfg
+
+
+# -- the cache a model keeps ------------------------------------------------------------------
+@dataclass
+class LayerCache:
+    kind: str  # "attention" | "sliding" | "linear" | "shared" (reads another layer's KV)
+    per_token: int  # bytes of K and V per cached token
+    window: Optional[int] = None  # a sliding layer keeps at most this many tokens
+    fixed: int = 0  # bytes that do not grow with the context (a linear layer's conv + recurrent state)
+
+    def bytes_at(self, tokens: int) -> int:
+        kept = min(tokens, self.window) if self.window else tokens
+        return self.fixed + self.per_token * kept
+
+
+def cache_bytes(layers: list[LayerCache], tokens: int) -> int:
+    return sum(layer.bytes_at(tokens) for layer in layers)
+
+
+def _int(cfg: dict[str, Any], key: str, default: Optional[int] = None) -> int:
+    value = cfg.get(key, default)
+    if value is None:
+        raise CheckpointError(f"config.json has no {key}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise CheckpointError(f"config.json: {key} is not a number ({value!r:.40})") from None
+
+
+def layer_kinds(cfg: dict[str, Any]) -> list[str]:
+    """Per layer: "attention", "sliding" or "linear", as mlx-lm builds the model."""
+    n = _int(cfg, "num_hidden_layers")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == n:
+        names = {"linear_attention": "linear", "sliding_attention": "sliding"}
+        kinds = [names.get(str(t), "attention") for t in types]
+    elif "full_attention_interval" in cfg or "linear_num_value_heads" in cfg:
+        # Qwen3.5 / Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet
+        interval = _int(cfg, "full_attention_interval", 4)
+        kinds = ["attention" if (i + 1) % interval == 0 else "linear" for i in range(n)]
+    else:
+        kinds = ["attention"] * n
+    shared = int(cfg.get("num_kv_shared_layers") or 0)  # Gemma 4: the last layers reuse earlier KV
+    return [("shared" if i >= n - shared > 0 else k) for i, k in enumerate(kinds)]
+
+
+def target_cache_layers(cfg: dict[str, Any], act_bytes: int) -> list[LayerCache]:
+    text = text_config(cfg)
+    heads = _int(text, "num_attention_heads")
+    hidden = _int(text, "hidden_size")
+    head_dim = int(text.get("head_dim") or hidden // heads)
+    kv_heads = _int(text, "num_key_value_heads", heads)
+    window = text.get("sliding_window")
+    out = []
+    for kind in layer_kinds(text):
+        if kind == "linear":
+            out.append(LayerCache("linear", 0, fixed=_linear_state_bytes(text, act_bytes)))
+        elif kind == "shared":
+            out.append(LayerCache("shared", 0))
+        elif kind == "sliding":
+            out.append(LayerCache("sliding", 2 * kv_heads * head_dim * act_bytes, window=int(window) if window else None))
+        else:
+            # Gemma 4 gives its full-attention layers their own head size and count
+            d = int(text.get("global_head_dim") or head_dim) if "global_head_dim" in text else head_dim
+            h = int(text.get("num_global_key_value_heads") or kv_heads)
+            out.append(LayerCache("attention", 2 * h * d * act_bytes))
+    return out
+
+
+def _linear_state_bytes(text: dict[str, Any], act_bytes: int) -> int:
+    """A Gated DeltaNet layer's state: the conv state (kernel - 1 rows of q, k and v, in the
+    activation dtype) and the recurrent state (value heads x value dim x key dim, float32)."""
+    k_heads, v_heads = _int(text, "linear_num_key_heads"), _int(text, "linear_num_value_heads")
+    k_dim, v_dim = _int(text, "linear_key_head_dim"), _int(text, "linear_value_head_dim")
+    conv = (_int(text, "linear_conv_kernel_dim", 4) - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * act_bytes
+    return conv + v_heads * v_dim * k_dim * STATE_BYTES
+
+
+def recurrent_state_bytes(cfg: dict[str, Any]) -> int:
+    text = text_config(cfg)
+    return _int(text, "linear_num_value_heads") * _int(text, "linear_value_head_dim") * _int(text, "linear_key_head_dim") * STATE_BYTES
+
+
+# -- a target ----------------------------------------------------------------------------------
+@dataclass
+class TargetFacts:
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int  # rows of the embedding the draft borrows
+    context: int  # max_position_embeddings
+    kinds: dict[str, int]  # layer kind -> count
+    quantization: str  # words: "4-bit affine, group 64" or "none"
+    activation_dtype: str  # what the model computes and caches in
+    weights_bytes: int  # as mlx-lm holds them after loading
+    cache: list[LayerCache]
+    recurrent_bytes: int  # one linear layer's recurrent state (hybrids), else 0
+
+    @property
+    def hybrid(self) -> bool:
+        return self.kinds.get("linear", 0) > 0
+
+    @property
+    def per_token(self) -> int:
+        """Cache bytes per token of context (sliding layers up to their window)."""
+        return sum(layer.per_token for layer in self.cache)
+
+    @property
+    def fixed_state(self) -> int:
+        return sum(layer.fixed for layer in self.cache)
+
+
+def _activation_dtype(tensors: list[Tensor]) -> str:
+    """A quantized model computes in its scales' dtype, another in its embedding's."""
+    by_name = {t.name: t for t in tensors}
+    for t in tensors:
+        if t.name.endswith("embed_tokens.weight"):
+            scales = by_name.get(t.name[: -len("weight")] + "scales")
+            return (scales or t).dtype
+    floats = [t for t in tensors if t.dtype in ("BF16", "F16", "F32")]
+    return max(floats, key=lambda t: t.nbytes).dtype if floats else "BF16"
+
+
+def _quantization(cfg: dict[str, Any]) -> str:
+    q = cfg.get("quantization") or text_config(cfg).get("quantization")
+    if isinstance(q, dict):
+        return f"{q.get('bits', '?')}-bit {q.get('mode', 'affine')}, group {q.get('group_size', '?')}"
+    qc = cfg.get("quantization_config") or text_config(cfg).get("quantization_config")
+    if isinstance(qc, dict):
+        return str(qc.get("quant_method", "yes"))
+    return "none"
+
+
+# what mlx-lm's sanitize drops from multimodal checkpoints (Qwen3.5, Gemma 4): the text model runs alone
+_DROPPED = ("vision_tower", "visual.", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision",
+            "vision_embedder")
+
+
+def _loaded_bytes(cfg: dict[str, Any], tensors: list[Tensor]) -> int:
+    """What the weights take once mlx-lm has loaded them: as stored, except what it drops (the
+    multi-token prediction heads, vision and audio towers, a tied head's copy), and FP8
+    checkpoints, which it dequantizes to bfloat16."""
+    qc = cfg.get("quantization_config")
+    fp8 = isinstance(qc, dict) and qc.get("quant_method") == "fp8"
+    tied = bool(text_config(cfg).get("tie_word_embeddings"))
+    total = 0
+    for t in tensors:
+        name = t.name.removeprefix("model.")
+        if "mtp." in name or name.startswith(_DROPPED) or (tied and name.endswith("lm_head.weight")):
+            continue
+        if fp8 and t.dtype.startswith("F8_"):
+            total += t.elements * 2
+        elif fp8 and t.name.endswith("_scale_inv"):
+            continue
+        else:
+            total += t.nbytes
+    return total
+
+
+def target_facts(folder: Path) -> TargetFacts:
+    cfg = read_config(folder)
+    tensors = read_weights(folder, "model*.safetensors")
+    text = text_config(cfg)
+    embed = next((t for t in tensors if t.name.endswith("embed_tokens.weight")), None)
+    vocab = embed.shape[0] if embed is not None and embed.shape else _int(text, "vocab_size")
+    act = _activation_dtype(tensors)
+    cache = target_cache_layers(cfg, DTYPE_BYTES.get(act, 2))
+    kinds: dict[str, int] = {}
+    for layer in cache:
+        kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
+    return TargetFacts(
+        model_type=str(cfg.get("model_type", "?")),
+        hidden_size=_int(text, "hidden_size"),
+        num_layers=_int(text, "num_hidden_layers"),
+        vocab_size=vocab,
+        context=_int(text, "max_position_embeddings", 0),
+        kinds=kinds,
+        quantization=_quantization(cfg),
+        activation_dtype=act,
+        weights_bytes=_loaded_bytes(cfg, tensors),
+        cache=cache,
+        recurrent_bytes=recurrent_state_bytes(cfg) if kinds.get("linear") else 0,
+    )
+
+
+# -- a draft -----------------------------------------------------------------------------------
+@dataclass
+class DraftFacts:
+    config: DraftConfig
+    params: int  # the draft's own (the target's embedding and head it borrows not counted)
+    weights_bytes: int  # in bfloat16, as load_pair loads it
+
+    @property
+    def per_token(self) -> int:
+        """The draft caches K and V of every committed token in every layer (sliding ones too)."""
+        c = self.config
+        return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * DRAFT_BYTES
+
+
+def draft_facts(folder: Path) -> DraftFacts:
+    raw = read_config(folder)
+    archs = raw.get("architectures") or []
+    if not isinstance(archs, list) or (not any("DFlash" in str(a) for a in archs) and "dflash_config" not in raw):
+        raise DraftLoadError(f"not a DFlash draft checkpoint (architectures={archs!r:.80})")
+    cfg = DraftConfig.from_dict(raw)
+    # load_draft drops a copy of the target's embedding or head some exports carry
+    own = [t for t in read_weights(folder, "*.safetensors")
+           if not t.name.removeprefix("model.").startswith(("embed_tokens.", "lm_head."))]
+    params = sum(t.elements for t in own)
+    return DraftFacts(cfg, params, params * DRAFT_BYTES)
