@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", "-d", metavar="D", help="DFlash draft (default: the registry's for --model)")
     parser.add_argument("--demo", action="store_true", help="check the bundled demo pair (the default without --model)")
     parser.add_argument("--tokens", type=int, default=None, metavar="N",
-                        help="context length the memory figures are for (default 8192)")
+                        help="context length the memory figures are for (default 8192, or the model's context if shorter)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
 
 
@@ -49,10 +49,10 @@ def clean(text: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_tui.commands.common import resolve_pair
-    from dflash_tui.engine.diagnose import DEFAULT_TOKENS, diagnose
+    from dflash_tui.engine.diagnose import diagnose
 
-    tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
-    if tokens < 1:
+    tokens = args.tokens
+    if tokens is not None and tokens < 1:
         raise UserError("--tokens must be at least 1")
     model, draft = resolve_pair(args)
     demo = args.demo or not args.model

@@ -152,7 +152,10 @@ def _hybrid_extra(t: TargetFacts, block: int, backend: str) -> int:
     return snapshots * t.fixed_state + per_step
 
 
-def memory_needed(t: TargetFacts, d: Optional[DraftFacts], tokens: int, backend: Backend) -> Memory:
+def memory_needed(t: TargetFacts, d: Optional[DraftFacts], tokens: Optional[int], backend: Backend) -> Memory:
+    """Memory at `tokens` of context (None: DEFAULT_TOKENS, or the model's context if shorter)."""
+    if tokens is None:
+        tokens = min(DEFAULT_TOKENS, t.context or DEFAULT_TOKENS)
     block = d.config.block_size if d else 1
     extra = _hybrid_extra(t, block, backend.backend)
     draft_weights = d.weights_bytes if d else 0
@@ -176,7 +179,7 @@ def memory_needed(t: TargetFacts, d: Optional[DraftFacts], tokens: int, backend:
                   backend.budget, max_tokens)
 
 
-def diagnose(model: str, draft: Optional[str] = None, tokens: int = DEFAULT_TOKENS,
+def diagnose(model: str, draft: Optional[str] = None, tokens: Optional[int] = None,
              draft_reason: str = "given with --draft") -> Diagnosis:
     """`draft_reason`: why an explicitly named draft is the one (it comes from the registry otherwise)."""
     backend = backend_facts()
@@ -226,7 +229,7 @@ def diagnose(model: str, draft: Optional[str] = None, tokens: int = DEFAULT_TOKE
         if m.budget is None:
             checks.append(Check("memory", None, "this backend does not report its memory"))
         else:
-            checks.append(Check("memory", m.total <= m.budget, f"{human_bytes(m.total)} needed at {tokens} tokens, "
+            checks.append(Check("memory", m.total <= m.budget, f"{human_bytes(m.total)} needed at {m.tokens} tokens, "
                                                                f"{human_bytes(m.budget)} available ({backend.budget_source})"))
             if m.max_tokens is not None and m.max_tokens < m.context:
                 diag.wont_work.append(f"contexts beyond about {m.max_tokens} tokens (the model allows {m.context}): "

@@ -7,7 +7,9 @@ owns the models in its own thread; nothing here calls MLX.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -63,6 +65,23 @@ def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     elif finish_reason == "length":
         parts.append("hit max tokens")
     return " · ".join(parts)
+
+
+def while_shown(handler):
+    """An engine message handler that does nothing once the app's screens are gone: the
+    engine thread may still post while the app shuts down."""
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def guarded_async(self, message):
+            if self.screen_stack:
+                return await handler(self, message)
+        return guarded_async
+
+    @functools.wraps(handler)
+    def guarded(self, message):
+        if self.screen_stack:
+            return handler(self, message)
+    return guarded
 
 
 class DFlashApp(App[None]):
@@ -275,10 +294,12 @@ class DFlashApp(App[None]):
         self.meter.set_pair(model, draft, "loading…")
         self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None))
 
+    @while_shown
     def on_engine_loading(self, message: msg.EngineLoading) -> None:
         panel = self.chat.loading_panel or self.chat.show_loading(message.model)
         panel.set_progress(message.stage, message.fraction)
 
+    @while_shown
     def on_engine_ready(self, message: msg.EngineReady) -> None:
         self.chat.hide_loading()
         self.model_state = "ready"
@@ -311,6 +332,7 @@ class DFlashApp(App[None]):
         except (PermissionError, OSError) as exc:
             self.notify(f"the model choice was not saved: {exc}", severity="warning")
 
+    @while_shown
     def on_engine_failed(self, message: msg.EngineFailed) -> None:
         self.chat.hide_loading()
         self.model_state = "failed"  # the worker dropped the old pair before loading this one
@@ -321,13 +343,16 @@ class DFlashApp(App[None]):
         self.meter.set_pair("—", None, "no model")
         self.notify(message.message, title="model not loaded", severity="error", timeout=10)
 
+    @while_shown
     def on_baseline_measured(self, message: msg.BaselineMeasured) -> None:
         self.baseline_tps = message.tokens_per_second
         self.meter.set_baseline_tps(message.tokens_per_second)
 
+    @while_shown
     def on_memory_sample(self, message: msg.MemorySample) -> None:
         self.meter.set_memory(message.active_bytes, message.peak_bytes, message.rss_bytes)
 
+    @while_shown
     def on_engine_notice(self, message: msg.EngineNotice) -> None:
         self.notify(message.text, severity=message.severity)  # type: ignore[arg-type]
 
@@ -400,11 +425,13 @@ class DFlashApp(App[None]):
     def _current(self, turn_id: int) -> bool:
         return turn_id == self.turn_id and self._handle is not None
 
+    @while_shown
     def on_turn_prefill(self, message: msg.TurnPrefill) -> None:
         if self._current(message.turn_id):
             self.meter.on_prefill(message.event)
             self._recorder.add(message.event)
 
+    @while_shown
     async def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
         self.call_after_refresh(self._blocks_painted)  # ask for the next batch once this one is painted
         if not self._current(message.turn_id):
@@ -436,6 +463,7 @@ class DFlashApp(App[None]):
             return
         self.engine.blocks_shown(min(MAX_HOLD_S, spent / UI_BUDGET))
 
+    @while_shown
     def on_turn_done(self, message: msg.TurnDone) -> None:
         if not self._current(message.turn_id):
             return
@@ -448,6 +476,7 @@ class DFlashApp(App[None]):
         self._end_turn()
         self._record_turn(ev.text)
 
+    @while_shown
     def on_turn_failed(self, message: msg.TurnFailed) -> None:
         if not self._current(message.turn_id):
             return
