@@ -21,6 +21,7 @@ from textual.theme import Theme
 from textual.widgets import Footer
 
 from dflash_tui.config import DEFAULT_THEME, Config, LoadedConfig, data_dir, load_config, save_settings
+from dflash_tui.printable import plain
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.acceptance import AcceptanceView
@@ -28,6 +29,7 @@ from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
+from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import load_themes
 from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem
@@ -65,7 +67,7 @@ def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     return " · ".join(parts)
 
 
-class DFlashApp(App[None]):
+class DFlashApp(PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -295,7 +297,7 @@ class DFlashApp(App[None]):
         self.meter.set_pair(message.target, message.draft, message.device)
         self.meter.set_settings(self.meter_settings())
         self.meter.set_baseline_tps(None)
-        self.chat.border_title = f"conversation · {_short(message.target)}"
+        self.chat.border_title = plain(f"conversation · {_short(message.target)}")
         draft = f" with draft {message.draft}" if message.draft else " (no draft: target only)"
         self.chat.add_note(f"Loaded {message.target}{draft} in {message.seconds:.1f} s.")
         if self._pending_load and self._pending_load[2]:
