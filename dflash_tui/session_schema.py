@@ -4,11 +4,12 @@
 it as the current layout, or raises ValueError saying what is wrong. A file
 that passes can be listed, shown, exported and replayed without surprises:
 counts are whole numbers in range, times are finite, texts are text, token ids
-are ids, and nothing nests deeper than our own files do.
+are ids, and every text is valid Unicode.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Callable, Optional
 
@@ -17,7 +18,6 @@ from dflash_tui.session_trace import timed_trace
 FORMAT = "dflash-tui-session"
 SCHEMA_VERSION = 2
 ROLES = ("system", "user", "assistant")
-MAX_DEPTH = 12  # our files nest 7 deep (session > messages > message > trace > entry > stats > block_sizes)
 MAX_INT = 2**53  # no count, size or id from a real run comes near this; JSON readers agree up to here
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -31,59 +31,22 @@ def _check(cond: bool, what: str) -> None:
         _fail(what)
 
 
+# type() is, not isinstance: a bool is an int to isinstance, and these run on every value of a file
 def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int and -MAX_INT <= v <= MAX_INT
 
 
 def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    kind = type(v)
+    return (kind is int and -MAX_INT <= v <= MAX_INT) or (kind is float and math.isfinite(v))
 
 
-def _scalar(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, str)) or is_number(v)
-
-
-# -- every value, whatever its place ---------------------------------------------------
-def check_values(data: Any) -> None:
-    """No deeper than MAX_DEPTH, no lone surrogates in any text or key, numbers finite and in range."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            _check_text(value)
-        elif isinstance(value, bool) or value is None:
-            pass
-        elif isinstance(value, int):
-            _check(-MAX_INT <= value <= MAX_INT, f"a number out of range ({len(str(abs(value)))} digits)"
-                   if abs(value) < 10**100 else "a number out of range (over 100 digits)")
-        elif isinstance(value, float):
-            _check(math.isfinite(value), "a number that is not finite (NaN or Infinity)")
-        elif isinstance(value, (list, dict)):
-            _check(depth < MAX_DEPTH, f"nested deeper than {MAX_DEPTH} levels")
-            if isinstance(value, dict):
-                for key, item in value.items():
-                    _check_text(key)
-                    stack.append((item, depth + 1))
-            else:
-                stack.extend((item, depth + 1) for item in value)
-        else:
-            _fail(f"a value of type {type(value).__name__}")
-
-
-def _check_text(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        _fail("text with a lone surrogate (not valid Unicode)")
-
-
-# -- fields by type --------------------------------------------------------------------------
-def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
+def _text(v: Any) -> bool:
+    return type(v) is str
 
 
 def _count(v: Any) -> bool:
-    return is_int(v) and v >= 0
+    return type(v) is int and 0 <= v <= MAX_INT
 
 
 def _amount(v: Any) -> bool:
@@ -91,79 +54,128 @@ def _amount(v: Any) -> bool:
 
 
 def _token_ids(v: Any) -> bool:
-    return isinstance(v, list) and all(is_int(t) and 0 <= t <= MAX_TOKEN_ID for t in v)
+    return type(v) is list and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v)
 
 
 def _block_size(v: Any) -> bool:
     return v is None or v == "auto" or _count(v)
 
 
+def _scalar(v: Any) -> bool:
+    return v is None or type(v) in (bool, str) or is_number(v)
+
+
+def _opt(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+# -- every value, whatever its place ---------------------------------------------------
+def check_values(data: Any) -> None:
+    """Every text valid Unicode and every number finite: the JSON encoder's pass, as a save would make."""
+    try:
+        json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        _fail("text with a lone surrogate (not valid Unicode)")
+    except ValueError:
+        _fail("a number that is not finite (NaN or Infinity)")
+    except RecursionError:
+        _fail("nested too deep")
+
+
+# -- fields by type --------------------------------------------------------------------------
 # the settings a session records (GenerationSettings); others must be plain values
 SETTINGS: dict[str, Callable[[Any], bool]] = {
     "max_tokens": _opt(_count), "block_size": _block_size, "temperature": _opt(_amount), "top_p": _opt(_amount),
-    "top_k": _opt(_count), "min_p": _opt(_amount), "seed": _opt(is_int), "baseline": _opt(lambda v: isinstance(v, bool)),
-    "prefill_chunk": _opt(_count), "mode": _opt(lambda v: isinstance(v, str)),
+    "top_k": _opt(_count), "min_p": _opt(_amount), "seed": _opt(is_int), "baseline": _opt(lambda v: type(v) is bool),
+    "prefill_chunk": _opt(_count), "mode": _opt(_text),
 }
 # the figures a reply's Done carries; the views do arithmetic on every one of them (None too is refused)
 STATS: dict[str, Callable[[Any], bool]] = {
     **{k: _count for k in ("generated_tokens", "cycles", "prompt_tokens", "cached_tokens", "peak_memory")},
     **{k: _amount for k in ("tokens_per_cycle", "acceptance", "decode_tps", "prefill_tps", "ttft_s",
-                                  "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature")},
-    "mode": _opt(lambda v: isinstance(v, str)), "block_size": _block_size, "seed": _opt(is_int),
-    "block_sizes": lambda v: isinstance(v, dict) and all(_scalar(x) for x in v.values()),
+                            "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature")},
+    "mode": _opt(_text), "block_size": _block_size, "seed": _opt(is_int),
+    "block_sizes": lambda v: type(v) is dict and all(_scalar(x) for x in v.values()),
 }
 
 
 def _check_fields(data: dict[str, Any], known: dict[str, Callable[[Any], bool]], where: str) -> None:
     for key, value in data.items():
         check = known.get(key)
-        ok = check(value) if check is not None else _scalar(value)
-        _check(ok, f"{where}: bad value for '{key}'")
+        if not (check(value) if check is not None else _scalar(value)):
+            _fail(f"{where}: bad value for '{key}'")
 
 
 # -- events -------------------------------------------------------------------------------------
-# type -> {field: (check, required)}; every field of the engine's event dataclasses
-_EVENTS: dict[str, dict[str, tuple[Callable[[Any], bool], bool]]] = {
-    "prefill": {"prompt_tokens": (_count, True), "cached_tokens": (_count, True), "seconds": (_amount, True)},
-    "block": {"index": (_count, True), "drafted": (_token_ids, True), "accepted": (_count, True),
-              "emitted": (_token_ids, True), "text": (lambda v: isinstance(v, str), True),
-              "draft_ms": (_amount, False), "verify_ms": (_amount, False), "rollback_ms": (_amount, False)},
-    "done": {"tokens": (_token_ids, True), "text": (lambda v: isinstance(v, str), True),
-             "finish_reason": (lambda v: isinstance(v, str), True), "stats": (lambda v: isinstance(v, dict), False)},
-    "error": {"message": (lambda v: isinstance(v, str), True)},
+# type -> {field: check}, every field of the engine's event dataclasses; and the ones without a default
+_EVENTS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "prefill": {"prompt_tokens": _count, "cached_tokens": _count, "seconds": _amount},
+    "block": {"index": _count, "drafted": _token_ids, "accepted": _count, "emitted": _token_ids, "text": _text,
+              "draft_ms": _amount, "verify_ms": _amount, "rollback_ms": _amount},
+    "done": {"tokens": _token_ids, "text": _text, "finish_reason": _text, "stats": lambda v: type(v) is dict},
+    "error": {"message": _text},
 }
+_REQUIRED = {"prefill": ("prompt_tokens", "cached_tokens", "seconds"),
+             "block": ("index", "drafted", "accepted", "emitted", "text"),
+             "done": ("tokens", "text", "finish_reason"), "error": ("message",)}
 
 
-def check_event(entry: Any, where: str, timed: bool = True) -> None:
-    """One trace entry: an engine event's fields, each of its type; "t" (seconds) when `timed`."""
-    _check(isinstance(entry, dict), f"{where} is not an object")
+_BLOCK_KEYS = frozenset(("type", "t", *_EVENTS["block"]))
+_FINITE = (0.0, float("inf"))
+
+
+def _fine_block(e: dict[str, Any]) -> bool:
+    """The common case, a well-formed timed block, in one expression (a long reply has thousands)."""
+    drafted, emitted, accepted = e.get("drafted"), e.get("emitted"), e.get("accepted")
+    return (_BLOCK_KEYS.issuperset(e) and _count(e.get("index")) and _token_ids(drafted) and _token_ids(emitted)
+            and type(accepted) is int and 0 <= accepted <= len(drafted) and len(emitted) <= accepted + 1
+            and type(e.get("text")) is str and _amount(e.get("t"))
+            and all(type(v) in (int, float) and _FINITE[0] <= v < _FINITE[1]
+                    for v in (e.get("draft_ms", 0.0), e.get("verify_ms", 0.0), e.get("rollback_ms", 0.0))))
+
+
+def check_event(entry: Any, timed: bool = True) -> None:
+    """One trace entry: an engine event's fields, each of its type; "t" (seconds) when `timed`.
+    Raises ValueError saying what is wrong (the caller says where)."""
+    if timed and type(entry) is dict and entry.get("type") == "block" and _fine_block(entry):
+        return
+    if type(entry) is not dict:
+        _fail("not an object")
     kind = entry.get("type")
-    _check(isinstance(kind, str) and kind in _EVENTS, f"{where} is not an engine event")
-    fields = _EVENTS[kind]
+    fields = _EVENTS.get(kind) if type(kind) is str else None
+    if fields is None:
+        _fail("not an engine event")
     for key, value in entry.items():
-        if key in ("type", "t"):
+        if key == "type" or key == "t":
             continue
-        _check(key in fields, f"{where}: unknown field '{key}' in a {kind} event")
-        _check(fields[key][0](value), f"{where}: bad '{key}' in a {kind} event")
-    missing = [k for k, (_, required) in fields.items() if required and k not in entry]
-    _check(not missing, f"{where}: a {kind} event without {', '.join(missing)}")
-    if timed or "t" in entry:
-        _check(_amount(entry.get("t")), f"{where} has a bad time")
+        check = fields.get(key)
+        if check is None:
+            _fail(f"unknown field '{key}' in a {kind} event")
+        if not check(value):
+            _fail(f"bad '{key}' in a {kind} event")
+    for key in _REQUIRED[kind]:
+        if key not in entry:
+            _fail(f"a {kind} event without '{key}'")
+    if (timed or "t" in entry) and not _amount(entry.get("t")):
+        _fail("a bad time")
     if kind == "block":
-        _check(entry["accepted"] <= len(entry["drafted"]), f"{where}: accepted more tokens than were drafted")
-        _check(len(entry["emitted"]) <= entry["accepted"] + 1, f"{where}: emitted more than accepted + 1 tokens")
+        _check(entry["accepted"] <= len(entry["drafted"]), "accepted more tokens than were drafted")
+        _check(len(entry["emitted"]) <= entry["accepted"] + 1, "emitted more than accepted + 1 tokens")
     elif kind == "prefill":
-        _check(entry["cached_tokens"] <= entry["prompt_tokens"], f"{where}: more cached tokens than prompt tokens")
+        _check(entry["cached_tokens"] <= entry["prompt_tokens"], "more cached tokens than prompt tokens")
     elif kind == "done":
-        _check_fields(entry.get("stats") or {}, STATS, f"{where}: stats")
+        _check_fields(entry.get("stats") or {}, STATS, "stats")
 
 
 def check_trace(trace: Any, where: str) -> list[dict[str, Any]]:
-    _check(isinstance(trace, list), f"{where}: trace is not a list")
+    _check(type(trace) is list, f"{where}: trace is not a list")
     last = 0.0
     for i, entry in enumerate(trace):
-        check_event(entry, f"{where}: trace entry {i}")
-        _check(entry["t"] >= last - 1e-9, f"{where}: trace entry {i} goes back in time")
+        try:
+            check_event(entry)
+            _check(entry["t"] >= last - 1e-9, "goes back in time")
+        except ValueError as exc:
+            raise ValueError(f"{where}: trace entry {i}: {exc}") from None
         last = entry["t"]
     return trace
 
@@ -183,7 +195,10 @@ def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
         events = m.get("events")
         if isinstance(events, list):
             for j, entry in enumerate(events):  # before timed_trace reads their timings
-                check_event(entry, f"message {i}: event {j}", timed=False)
+                try:
+                    check_event(entry, timed=False)
+                except ValueError as exc:
+                    raise ValueError(f"message {i}: event {j}: {exc}") from None
         messages.append({"role": m.get("role"), "content": m.get("content"),
                          "trace": timed_trace(events) if isinstance(events, list) else None})
     out["messages"] = messages
@@ -193,16 +208,17 @@ def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS = {1: _migrate_v1}  # version n -> a dict in version n + 1
 
 
-def check_session(data: Any, valid_id: Callable[[str], bool]) -> dict[str, Any]:
-    """The session's data in the current layout, every field checked; raises ValueError saying what is wrong."""
+def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bool = False) -> dict[str, Any]:
+    """The session's data in the current layout, every field checked; raises ValueError saying what is wrong.
+    `values_checked`: the reader already knows every text is valid Unicode and every number finite."""
     _check(isinstance(data, dict), "not a JSON object")
     _check(data.get("format") == FORMAT, "not a dflash-tui session (foreign JSON)")
     version = data.get("schema_version")
     _check(is_int(version) and version >= 1, "bad schema_version")
     if version > SCHEMA_VERSION:
-        shown = version if version < 10**6 else "?"
-        _fail(f"written by a newer dflash-tui (schema {shown}; this one reads up to {SCHEMA_VERSION})")
-    check_values(data)
+        _fail(f"written by a newer dflash-tui (schema {version}; this one reads up to {SCHEMA_VERSION})")
+    if not values_checked:
+        check_values(data)
     while version < SCHEMA_VERSION:
         data = MIGRATIONS[version](data)
         version += 1

@@ -196,9 +196,9 @@ def make_title(text: str) -> str:
 
 
 # -- reading and checking ----------------------------------------------------------
-def session_from_dict(data: Any) -> Session:
+def session_from_dict(data: Any, values_checked: bool = False) -> Session:
     """Check (see session_schema) and build a Session; raises ValueError saying what is wrong."""
-    data = check_session(data, valid_id)
+    data = check_session(data, valid_id, values_checked)
     messages = [Message(m["role"], m["content"], m.get("trace")) for m in data["messages"]]
     return Session(id=data["id"], title=data["title"], created=data["created"], updated=data["updated"],
                    target=data["target"], draft=data.get("draft"), settings=dict(data.get("settings", {})),
@@ -207,8 +207,21 @@ def session_from_dict(data: Any) -> Session:
                    revision=data.get("revision", 0))
 
 
-def _read_json(path: Path) -> Any:
-    """Parsed JSON of a session file; raises SessionError naming it (read only: nothing is ever changed)."""
+# only a \uD800-\uDFFF escape can put a lone surrogate into parsed JSON: without one, no text needs checking
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> None:
+    raise _NotFinite(name)
+
+
+def _read_json(path: Path) -> tuple[Any, bool]:
+    """Parsed JSON of a session file, and whether its texts are known valid; raises SessionError naming it
+    (read only: nothing is ever changed)."""
     name = path.name
     try:
         raw = read_regular_file(path, MAX_FILE_BYTES)
@@ -217,7 +230,9 @@ def _read_json(path: Path) -> Any:
     except OSError as exc:
         raise SessionError(f"{name}: cannot be read ({exc.strerror or exc})") from None
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant), not _SURROGATE_ESCAPE.search(raw)
+    except _NotFinite as exc:
+        raise SessionError(f"{name}: a number that is not finite ({exc})") from None
     except UnicodeDecodeError:
         raise SessionError(f"{name}: not text (not UTF-8)") from None
     except json.JSONDecodeError as exc:
@@ -231,9 +246,9 @@ def _read_json(path: Path) -> Any:
 
 def read_session(path: Path) -> Session:
     """Read one file; raises SessionError naming it."""
-    data = _read_json(path)
+    data, values_checked = _read_json(path)
     try:
-        session = session_from_dict(data)
+        session = session_from_dict(data, values_checked)
     except ValueError as exc:
         raise SessionError(f"{path.name}: {exc}") from None
     session.path = path
