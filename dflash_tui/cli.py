@@ -50,6 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:  # `dflash-tui sessions list | head`: the reader left early
+        _drop_stdout()
+        print("dflash-tui: output closed early (broken pipe)", file=sys.stderr)
+        return BROKEN_PIPE_EXIT
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # bare `dflash-tui [--model M ...]` is chat
@@ -67,10 +80,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("dflash-tui: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `dflash-tui sessions list | head`: the reader left early
-        _drop_stdout()
-        print("dflash-tui: output closed early (broken pipe)", file=sys.stderr)
-        return BROKEN_PIPE_EXIT
 
 
 def _drop_stdout() -> None:

@@ -121,7 +121,6 @@ _REQUIRED = {"prefill": ("prompt_tokens", "cached_tokens", "seconds"),
 
 
 _BLOCK_KEYS = frozenset(("type", "t", *_EVENTS["block"]))
-_FINITE = (0.0, float("inf"))
 
 
 def _fine_block(e: dict[str, Any]) -> bool:
@@ -129,9 +128,8 @@ def _fine_block(e: dict[str, Any]) -> bool:
     drafted, emitted, accepted = e.get("drafted"), e.get("emitted"), e.get("accepted")
     return (_BLOCK_KEYS.issuperset(e) and _count(e.get("index")) and _token_ids(drafted) and _token_ids(emitted)
             and type(accepted) is int and 0 <= accepted <= len(drafted) and len(emitted) <= accepted + 1
-            and type(e.get("text")) is str and _amount(e.get("t"))
-            and all(type(v) in (int, float) and _FINITE[0] <= v < _FINITE[1]
-                    for v in (e.get("draft_ms", 0.0), e.get("verify_ms", 0.0), e.get("rollback_ms", 0.0))))
+            and type(e.get("text")) is str and _amount(e.get("t")) and _amount(e.get("draft_ms", 0.0))
+            and _amount(e.get("verify_ms", 0.0)) and _amount(e.get("rollback_ms", 0.0)))
 
 
 def check_event(entry: Any, timed: bool = True) -> None:

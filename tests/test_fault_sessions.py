@@ -247,9 +247,13 @@ def test_cli_show_and_export_of_each_file(folder, capsys, tmp_path):
             assert len(lines) == 1 and lines[0].startswith("dflash-tui: ") and _inert(err), (name, args, err)
 
 
-def test_cli_list_into_a_closed_pipe_ends_with_one_line(folder):
+@pytest.mark.parametrize("buffered", [True, False])
+def test_cli_list_into_a_closed_pipe_ends_with_one_line(folder, buffered):
     """`sessions list | head -0`: the reader is gone before the output comes."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONUNBUFFERED", None)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen([sys.executable, "-m", "dflash_tui", "sessions", "list"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
     proc.stdout.close()  # before the child writes a byte
