@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Optional, Sequence
 
 from dflash_tui import __version__
 from dflash_tui.errors import UserError
+from dflash_tui.printable import one_line
+
+BROKEN_PIPE_EXIT = 141  # what a shell reports for a command ended by SIGPIPE (128 + 13)
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,6 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+    except BrokenPipeError:  # `dflash-tui sessions list | head`: the reader left early
+        _drop_stdout()
+        print("dflash-tui: output closed early (broken pipe)", file=sys.stderr)
+        return BROKEN_PIPE_EXIT
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     # bare `dflash-tui [--model M ...]` is chat
@@ -59,8 +76,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
     except UserError as exc:
-        print(f"dflash-tui: {exc}", file=sys.stderr)
+        print(f"dflash-tui: {one_line(str(exc))}", file=sys.stderr)  # file names and data in it stay inert
         return exc.exit_code
     except KeyboardInterrupt:
         print("dflash-tui: interrupted", file=sys.stderr)
         return 130
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is no file (a test's capture): nothing to flush
+        pass

@@ -1,4 +1,4 @@
-"""User settings and where files live: config.toml (tomllib read, tomli-w write).
+"""User settings and where files live: config.toml (tomllib read; tomlkit edits keys in place).
 
 A config file that cannot be read, or holds bad values, is reported and left
 untouched: the run uses defaults for what is wrong and never writes the file.
@@ -18,7 +18,6 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 import platformdirs
-import tomli_w
 
 APP_NAME = "dflash-tui"
 DEFAULT_THEME = "dflash-dark"
@@ -198,7 +197,7 @@ def load_config(path: Optional[Path] = None) -> LoadedConfig:
 
 
 def save_settings(loaded: LoadedConfig, **changes: Any) -> None:
-    """Write `changes` into config.toml, keeping the user's other keys.
+    """Write `changes` into config.toml, keeping everything else the user wrote: other keys, comments, order.
 
     Raises OSError when the directory is not writable and PermissionError when
     the file was found broken at start (it is never overwritten).
@@ -207,16 +206,22 @@ def save_settings(loaded: LoadedConfig, **changes: Any) -> None:
         setattr(loaded.config, key, VALIDATORS[key](value))
     if not loaded.writable:
         raise PermissionError(f"{loaded.path} has problems, so it is left as it is; fix it to save settings")
-    raw: dict[str, Any] = {}
+    import tomlkit  # only when writing: reading is tomllib's
+
+    doc = tomlkit.document()
     if loaded.path.exists():
-        raw = tomllib.loads(loaded.path.read_text(encoding="utf-8"))
-    raw.update(changes)
+        try:
+            doc = tomlkit.parse(loaded.path.read_text(encoding="utf-8"))
+        except ValueError:  # broken since it was read (tomlkit's ParseError, UnicodeDecodeError): leave it
+            raise PermissionError(f"{loaded.path} is no longer valid TOML, so it is left as it is") from None
+    for key, value in changes.items():
+        doc[key] = value  # an existing key keeps its place and its comment
     loaded.path.parent.mkdir(parents=True, exist_ok=True)
     # temp file + os.replace: a crash mid-write never leaves half a config
     fd, tmp = tempfile.mkstemp(dir=loaded.path.parent, prefix=".config-", suffix=".toml")
     try:
         with os.fdopen(fd, "wb") as fh:
-            tomli_w.dump(raw, fh)
+            fh.write(tomlkit.dumps(doc).encode("utf-8"))
         os.replace(tmp, loaded.path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

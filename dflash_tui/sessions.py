@@ -11,24 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
-from dflash_tui.engine.events import Block, Done, Event, Prefill, event_from_dict
+from dflash_tui.engine.events import Done, Event, Prefill, event_from_dict
 from dflash_tui.errors import UserError
+from dflash_tui.files import TooBig, atomic_write, read_regular_file, sweep_stale_temps
+from dflash_tui.printable import one_line, printable, terminal_json
+from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
+from dflash_tui.session_trace import TraceRecorder, timed_trace, without_time
 
-FORMAT = "dflash-tui-session"
-SCHEMA_VERSION = 2
+__all__ = ["FORMAT", "ROLES", "SCHEMA_VERSION", "Message", "Session", "SessionError", "SessionStore",
+           "SessionSummary", "TraceRecorder", "export_text", "make_title", "read_session", "session_from_dict",
+           "timed_trace", "to_json", "to_markdown"]
+
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a session is text; anything bigger is not one of ours
-ROLES = ("system", "user", "assistant")
 TITLE_CHARS = 60
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
 
@@ -46,12 +49,12 @@ class Message:
     trace: Optional[list[dict[str, Any]]] = None
 
     def events(self) -> list[Event]:
-        return [event_from_dict(_without_time(e)) for e in self.trace or []]
+        return [event_from_dict(without_time(e)) for e in self.trace or []]
 
     def done(self) -> Optional[Done]:
         for entry in reversed(self.trace or []):
             if entry.get("type") == "done":
-                return event_from_dict(_without_time(entry))  # type: ignore[return-value]
+                return event_from_dict(without_time(entry))  # type: ignore[return-value]
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,191 +195,62 @@ def make_title(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def _without_time(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in entry.items() if k != "t"}
-
-
-def _cycle_seconds(entry: dict[str, Any]) -> float:
-    return sum(float(entry.get(k) or 0.0) for k in ("draft_ms", "verify_ms", "rollback_ms")) / 1000.0
-
-
-def timed_trace(trace: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Copy of a trace where every entry has a non-decreasing "t".
-
-    Entries recorded without one get it from the engine's own timings: prefill
-    seconds, then each cycle's draft + verify + rollback time.
-    """
-    out: list[dict[str, Any]] = []
-    t = 0.0
-    for entry in trace:
-        entry = dict(entry)
-        given = entry.get("t")
-        if isinstance(given, (int, float)) and not isinstance(given, bool) and math.isfinite(given):
-            t = max(t, float(given))
-        elif entry.get("type") == "prefill":
-            t = max(t, float(entry.get("seconds") or 0.0))
-        elif entry.get("type") == "block":
-            t += _cycle_seconds(entry)
-        elif entry.get("type") == "done":
-            stats = entry.get("stats") or {}
-            t = max(t, float(stats.get("prefill_s") or 0.0) + float(stats.get("decode_s") or 0.0))
-        entry["t"] = round(t, 6)
-        out.append(entry)
-    return out
-
-
-class TraceRecorder:
-    """Turns the events of one reply into a trace with per-event times.
-
-    Blocks often arrive in batches (the UI coalesces them); a batch that took
-    `elapsed_s` is spread over that time in proportion to each cycle's own
-    draft + verify + rollback time, so replay shows them one by one again.
-    """
-
-    def __init__(self, clock=time.perf_counter) -> None:
-        self._clock = clock
-        self._start = clock()
-        # events as they came, turned into dicts only when the trace is read: while a reply
-        # streams, the UI thread does as little as it can
-        self._entries: list[tuple[float, Event]] = []
-
-    @property
-    def trace(self) -> list[dict[str, Any]]:
-        from dflash_tui.engine.events import event_to_dict
-
-        return [{"t": round(t, 6), **event_to_dict(event)} for t, event in self._entries]
-
-    def _now(self, now: Optional[float]) -> float:
-        return (self._clock() if now is None else now) - self._start
-
-    def _last_t(self) -> float:
-        return self._entries[-1][0] if self._entries else 0.0
-
-    def add(self, event: Event, now: Optional[float] = None) -> None:
-        self._entries.append((max(self._last_t(), self._now(now)), event))
-
-    def add_blocks(self, blocks: list[Block], elapsed_s: float, now: Optional[float] = None) -> None:
-        end = max(self._last_t(), self._now(now))
-        begin = max(self._last_t(), end - max(0.0, elapsed_s))
-        weights = [max((b.draft_ms + b.verify_ms + b.rollback_ms) / 1000.0, 1e-6) for b in blocks]
-        total, acc = sum(weights), 0.0
-        for block, w in zip(blocks, weights):
-            acc += w
-            self._entries.append((begin + (end - begin) * acc / total, block))
-
-
 # -- reading and checking ----------------------------------------------------------
-def _check(cond: bool, what: str) -> None:
-    if not cond:
-        raise ValueError(what)
-
-
-def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """Schema 1 (the first layout) nested the pair under "model" and kept untimed "events"."""
-    model = data.get("model") or {}
-    _check(isinstance(model, dict), "'model' is not an object")
-    out = {k: v for k, v in data.items() if k != "model"}
-    out.update(target=model.get("target", ""), draft=model.get("draft"), revision=0, schema_version=2)
-    messages = []
-    for m in data.get("messages") or []:
-        _check(isinstance(m, dict), "a message is not an object")
-        events = m.get("events")
-        messages.append({"role": m.get("role"), "content": m.get("content"),
-                         "trace": timed_trace(events) if isinstance(events, list) else None})
-    out["messages"] = messages
-    return out
-
-
-MIGRATIONS = {1: _migrate_v1}  # version n -> a dict in version n + 1
-
-
-def _opt_str(v: Any) -> bool:
-    return v is None or isinstance(v, str)
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _check_trace(trace: Any, where: str) -> list[dict[str, Any]]:
-    _check(isinstance(trace, list), f"{where}: trace is not a list")
-    last = 0.0
-    for i, entry in enumerate(trace):
-        _check(isinstance(entry, dict), f"{where}: trace entry {i} is not an object")
-        t = entry.get("t")
-        _check(_number(t) and t >= last - 1e-9, f"{where}: trace entry {i} has a bad time")
-        last = t
-        try:
-            event_from_dict(_without_time(entry))
-        except ValueError as exc:
-            raise ValueError(f"{where}: trace entry {i}: {exc}") from None
-    return trace
-
-
-def session_from_dict(data: Any) -> Session:
-    """Check and build a Session; raises ValueError saying what is wrong."""
-    _check(isinstance(data, dict), "not a JSON object")
-    _check(data.get("format") == FORMAT, "not a dflash-tui session (foreign JSON)")
-    version = data.get("schema_version")
-    _check(isinstance(version, int) and not isinstance(version, bool) and version >= 1, "bad schema_version")
-    if version > SCHEMA_VERSION:
-        raise ValueError(f"written by a newer dflash-tui (schema {version}; this one reads up to {SCHEMA_VERSION})")
-    while version < SCHEMA_VERSION:
-        data = MIGRATIONS[version](data)
-        version += 1
-    sid = data.get("id")
-    _check(isinstance(sid, str) and valid_id(sid), "bad session id")
-    for key in ("title", "created", "updated", "target"):
-        _check(isinstance(data.get(key), str), f"'{key}' is missing or not text")
-    _check(_opt_str(data.get("draft")) and _opt_str(data.get("device")), "'draft'/'device' must be text or null")
-    baseline = data.get("baseline_tps")
-    _check(baseline is None or (_number(baseline) and baseline > 0), "bad baseline_tps")
-    _check(isinstance(data.get("settings", {}), dict), "'settings' is not an object")
-    raw_tokens = data.get("token_text", {})
-    _check(isinstance(raw_tokens, dict), "'token_text' is not an object")
-    token_text = {}
-    for key, text in raw_tokens.items():
-        _check(isinstance(key, str) and key.isdigit() and isinstance(text, str), "bad 'token_text' entry")
-        token_text[int(key)] = text
-    revision = data.get("revision", 0)
-    _check(isinstance(revision, int) and not isinstance(revision, bool) and revision >= 0, "bad revision")
-    raw_messages = data.get("messages")
-    _check(isinstance(raw_messages, list), "'messages' is not a list")
-    messages = []
-    for i, m in enumerate(raw_messages):
-        where = f"message {i}"
-        _check(isinstance(m, dict), f"{where} is not an object")
-        _check(m.get("role") in ROLES, f"{where} has an unknown role")
-        _check(isinstance(m.get("content"), str), f"{where} has no text")
-        trace = m.get("trace")
-        messages.append(Message(m["role"], m["content"], None if trace is None else _check_trace(trace, where)))
-    return Session(id=sid, title=data["title"], created=data["created"], updated=data["updated"],
+def session_from_dict(data: Any, values_checked: bool = False) -> Session:
+    """Check (see session_schema) and build a Session; raises ValueError saying what is wrong."""
+    data = check_session(data, valid_id, values_checked)
+    messages = [Message(m["role"], m["content"], m.get("trace")) for m in data["messages"]]
+    return Session(id=data["id"], title=data["title"], created=data["created"], updated=data["updated"],
                    target=data["target"], draft=data.get("draft"), settings=dict(data.get("settings", {})),
-                   messages=messages, device=data.get("device"), baseline_tps=baseline, token_text=token_text,
-                   revision=revision)
+                   messages=messages, device=data.get("device"), baseline_tps=data.get("baseline_tps"),
+                   token_text={int(k): v for k, v in data.get("token_text", {}).items()},
+                   revision=data.get("revision", 0))
 
 
-def read_session(path: Path) -> Session:
-    """Read one file; raises SessionError naming it."""
+# only a \uD800-\uDFFF escape can put a lone surrogate into parsed JSON: without one, no text needs checking
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> None:
+    raise _NotFinite(name)
+
+
+def _read_json(path: Path) -> tuple[Any, bool]:
+    """Parsed JSON of a session file, and whether its texts are known valid; raises SessionError naming it
+    (read only: nothing is ever changed)."""
     name = path.name
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise SessionError(f"{name}: too big to be a session ({size} bytes)")
-        raw = path.read_bytes()
+        raw = read_regular_file(path, MAX_FILE_BYTES)
+    except TooBig:
+        raise SessionError(f"{name}: too big to be a session (over {MAX_FILE_BYTES} bytes)") from None
     except OSError as exc:
         raise SessionError(f"{name}: cannot be read ({exc.strerror or exc})") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant), not _SURROGATE_ESCAPE.search(raw)
+    except _NotFinite as exc:
+        raise SessionError(f"{name}: a number that is not finite ({exc})") from None
     except UnicodeDecodeError:
         raise SessionError(f"{name}: not text (not UTF-8)") from None
     except json.JSONDecodeError as exc:
         truncated = exc.pos >= len(raw.rstrip()) - 1
         raise SessionError(f"{name}: {'truncated' if truncated else 'corrupt'} JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise SessionError(f"{name}: corrupt JSON (nested too deep)") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise SessionError(f"{name}: corrupt JSON ({str(exc).split(':')[0]})") from None
+
+
+def read_session(path: Path) -> Session:
+    """Read one file; raises SessionError naming it."""
+    data, values_checked = _read_json(path)
     try:
-        session = session_from_dict(data)
+        session = session_from_dict(data, values_checked)
     except ValueError as exc:
-        raise SessionError(f"{name}: {exc}") from None
+        raise SessionError(f"{path.name}: {exc}") from None
     session.path = path
     return session
 
@@ -438,9 +312,9 @@ class SessionStore:
         if stamp == session._stamp:
             return True
         try:
-            data = json.loads(path.read_bytes().decode("utf-8"))
-        except (OSError, ValueError):
-            return False  # unreadable: never overwrite it
+            data = json.loads(read_regular_file(path, MAX_FILE_BYTES).decode("utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return False  # unreadable, or not a regular file: never overwrite it
         return isinstance(data, dict) and data.get("format") == FORMAT and data.get("id") == session.id \
             and data.get("revision") == session.revision and session.revision > 0
 
@@ -452,6 +326,7 @@ class SessionStore:
         """
         self.root.mkdir(parents=True, exist_ok=True)
         with self._locked():
+            sweep_stale_temps(self.root)  # what saves killed mid-write left (the lock keeps live ones out)
             path = self.path_for(session.id)
             if not self._ours(path, session):
                 session.id = new_id()
@@ -464,7 +339,7 @@ class SessionStore:
                 payload = json.dumps(data, ensure_ascii=False, indent=1, allow_nan=False).encode("utf-8")
             except (TypeError, ValueError) as exc:
                 raise OSError(f"session {session.id} cannot be written as JSON: {exc}") from None
-            _atomic_write(path, payload)
+            atomic_write(path, payload)
             session.updated, session.revision = updated, revision
             session.path, session._stamp = path, _stamp(path)
         return path
@@ -502,6 +377,7 @@ class SessionStore:
         summaries, problems = [], []
         if not self.root.is_dir():
             return summaries, problems
+        sweep_stale_temps(self.root)
         for path in sorted(self.root.glob("*.json")):
             if path.name.startswith("."):
                 continue  # a save in progress
@@ -509,10 +385,11 @@ class SessionStore:
                 session = read_session(path)
                 if path.stem != session.id:
                     raise SessionError(f"{path.name}: its id is {session.id!r}, not its file name")
+                summaries.append(SessionSummary.of(session))
             except SessionError as exc:
                 problems.append(str(exc))
-                continue
-            summaries.append(SessionSummary.of(session))
+            except (TypeError, ValueError, ArithmeticError) as exc:  # a check missed something: skip, never stop
+                problems.append(f"{path.name}: cannot be summarised ({type(exc).__name__})")
         summaries.sort(key=lambda s: (s.updated, s.id), reverse=True)
         return summaries, problems
 
@@ -540,23 +417,8 @@ class SessionStore:
             dest = self.root.parent / "exports" / f"{session.id}.{'json' if fmt == 'json' else 'md'}"
         dest = Path(dest).expanduser()
         dest.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(dest, text.encode("utf-8"))
+        atomic_write(dest, text.encode("utf-8"))
         return dest
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Temp file in the same directory + os.replace: a crash never leaves half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # -- export --------------------------------------------------------------------------
@@ -579,9 +441,10 @@ def reply_summary(done: Optional[Done]) -> str:
 
 
 def to_markdown(session: Session) -> str:
-    lines = [f"# {session.title or 'untitled'}", ""]
-    lines.append(f"- target: `{session.target}`")
-    lines.append(f"- draft: `{session.draft}`" if session.draft else "- draft: none (target only)")
+    """A readable export; control characters in the data are shown as pictures, never written raw."""
+    lines = [f"# {one_line(session.title or 'untitled')}", ""]
+    lines.append(f"- target: `{one_line(session.target)}`")
+    lines.append(f"- draft: `{one_line(session.draft)}`" if session.draft else "- draft: none (target only)")
     lines.append(f"- created: {session.created} · updated: {session.updated}")
     if session.settings:
         lines.append("- settings: " + ", ".join(f"{k} {v}" for k, v in session.settings.items()))
@@ -595,12 +458,12 @@ def to_markdown(session: Session) -> str:
         figures = reply_summary(m.done()) if m.role == "assistant" else ""
         if figures:
             lines += [f"*{figures}*", ""]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def to_json(session: Session) -> str:
-    """The session file itself: shareable, and `dflash-tui replay` reads it."""
-    return json.dumps(session.to_dict(), ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+    """The session file itself: shareable, and `dflash-tui replay` reads it (DEL and C1 escaped: the same data)."""
+    return terminal_json(json.dumps(session.to_dict(), ensure_ascii=False, indent=1, allow_nan=False)) + "\n"
 
 
 def export_text(session: Session, fmt: str) -> str:

@@ -38,6 +38,16 @@ def qwen3_pair(qwen3_dirs):
     return load_pair(str(qwen3_dirs["target"]), str(qwen3_dirs["draft"]))
 
 
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory) -> Path:
+    """A 3-layer qwen3 target small enough to train a draft for in seconds."""
+    from dflash_tui import random_pair as rp
+
+    root = tmp_path_factory.mktemp("trainer") / "target"
+    rp.build_target(root, seed=0, hidden=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate=64)
+    return root
+
+
 def reference_tokens(pair, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens from plain `mlx_lm.stream_generate` (EOS excluded, as it reports them)."""
     import mlx_lm

@@ -73,6 +73,18 @@ def test_unknown_keys_are_reported_and_kept_on_write():
     assert data == {"future_thing": 3, "theme": "dflash-amber"}
 
 
+def test_saving_a_setting_edits_its_key_in_place_and_keeps_the_comments():
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    text = ('# my settings, by hand\n'
+            'theme = "dflash-dark"  # the dark one for now\n\n'
+            '# the model I use most\n'
+            'model = "org/m"\n')
+    path.write_text(text)
+    save_settings(load_config(), theme="dflash-amber")
+    assert path.read_text() == text.replace('"dflash-dark"', '"dflash-amber"')
+
+
 def test_save_creates_the_dir_and_validates():
     loaded = load_config()
     save_settings(loaded, theme="dflash-light", model="x/y")

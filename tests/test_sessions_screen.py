@@ -54,7 +54,7 @@ async def test_lists_sessions_newest_first_and_problems_by_name(tmp_path):
         assert isinstance(screen, SessionsScreen)
         table = screen.query_one(DataTable)
         assert table.row_count == 3
-        first = table.get_row_at(0)
+        first = [str(cell) for cell in table.get_row_at(0)]  # cells are Text: data, never markup
         assert first[0] == "session number 2" and first[1].startswith("tiny-qwen3") and first[3] == "7"
         assert first[4] == f"{store.load('s2').tokens_per_cycle():.2f}"
         problems = str(screen.query_one("#sessions-problems").render())
@@ -91,7 +91,7 @@ async def test_rename_and_delete_with_confirmation(tmp_path):
         await pilot.pause()
         assert store.load("s2").title == "Sorting notes"
         table = app.screen.query_one(DataTable)
-        assert table.get_row_at(table.cursor_row)[0] == "Sorting notes"  # the cursor stays on it
+        assert str(table.get_row_at(table.cursor_row)[0]) == "Sorting notes"  # the cursor stays on it
 
         await pilot.press("d")
         await pilot.pause()

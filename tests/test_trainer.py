@@ -79,13 +79,7 @@ def test_lr_schedule_warms_up_then_decays():
 
 
 # -- end to end on a tiny random pair ----------------------------------------
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory) -> Path:
-    from dflash_tui import random_pair as rp
-
-    root = tmp_path_factory.mktemp("trainer") / "target"
-    rp.build_target(root, seed=0, hidden=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate=64)
-    return root
+# tiny_target: tests/conftest.py
 
 
 def _prompts_file(path: Path, n: int) -> Path:

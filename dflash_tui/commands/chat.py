@@ -64,5 +64,20 @@ def run(args: argparse.Namespace) -> int:
     # the engine thread drops the GIL at every MLX eval; a short switch interval hands it back
     # quickly while the UI thread renders, instead of the default 5 ms per hand-over
     sys.setswitchinterval(0.001)
-    app.run()
-    return app.return_code or 0
+    return run_to_the_end(app)
+
+
+def run_to_the_end(app, **run_kwargs) -> int:
+    """Run the app; once it has quit, the process ends, even with the engine thread still inside a
+    load or a long MLX call (Python would otherwise wait for it behind a blank screen)."""
+    import os
+    import sys
+
+    app.run(**run_kwargs)
+    code = app.return_code or 0
+    if app.engine.alive:
+        print("dflash-tui: the engine was still busy; quit without waiting for it", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # no interpreter teardown: MLX is never torn down under a running thread
+    return code

@@ -8,6 +8,7 @@ import sys
 
 from dflash_tui.commands.common import add_model_arguments, add_sampling_arguments, resolve_pair, settings_from_args
 from dflash_tui.errors import UserError
+from dflash_tui.printable import printable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from dflash_tui.engine.events import Block, Done, Error, Prefill, event_to_dict
     from dflash_tui.engine.loading import load_pair
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_stdin() if args.prompt == "-" else args.prompt
+    for name, text in (("the prompt", prompt), ("--system", args.system or "")):
+        if not is_utf8(text):  # argv bytes that are not UTF-8 arrive as lone surrogates
+            raise UserError(f"{name} is not valid UTF-8 text")
     if not prompt.strip():
         raise UserError("the prompt is empty")
     settings = settings_from_args(args, baseline=args.baseline)
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline)
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
     out = sys.stdout
+    # on a terminal the model's text cannot drive it (ESC, C1 shown as pictures); a pipe or file gets it exact
+    shown = printable if out.isatty() else str
     for event in conv.generate(prompt, settings):
         if isinstance(event, Error):
             raise UserError(event.message)
@@ -48,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             out.write(json.dumps(data) + "\n")
             out.flush()
         elif isinstance(event, Block):
-            out.write(event.text)
+            out.write(shown(event.text))
             out.flush()
         elif isinstance(event, Done):
             out.write("\n")
@@ -61,3 +67,20 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(event, Prefill):
             pass
     return 0
+
+
+def read_stdin() -> str:
+    """Standard input as UTF-8 text; one clear error for anything else."""
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"standard input is not UTF-8 text (byte {exc.start})") from None
+
+
+def is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

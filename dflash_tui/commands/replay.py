@@ -36,5 +36,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"session {session.id} has no recorded replies to replay")
     from dflash_tui.ui.replay_screen import ReplayApp
 
-    ReplayApp(session, speed=args.speed, paused=args.paused).run()
-    return 0
+    app = ReplayApp(session, speed=args.speed, paused=args.paused)
+    app.run()
+    return app.return_code or 0  # Textual reports a crash itself; the exit status must say so too

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from dflash_tui.errors import UserError
+from dflash_tui.printable import one_line, printable, terminal_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,15 +37,17 @@ def run(args: argparse.Namespace) -> int:
 def _list(store, args) -> int:
     summaries, problems = store.list()
     if args.json:
-        print(json.dumps({"sessions": [s.to_dict() for s in summaries], "problems": problems}, ensure_ascii=False, indent=1))
+        print(terminal_json(json.dumps({"sessions": [s.to_dict() for s in summaries], "problems": problems},
+                                       ensure_ascii=False, indent=1)))
         return 0
     if not summaries:
-        print(f"no saved sessions in {store.root}")
+        print(f"no saved sessions in {one_line(store.root)}")
     for s in summaries:
         tpc = f"{s.tokens_per_cycle:.2f} tok/cycle" if s.tokens_per_cycle is not None else "target only"
-        print(f"{s.id}  {s.updated[:16].replace('T', ' ')}  {s.messages:>3} msgs  {tpc:>15}  {s.title}")
+        updated = one_line(s.updated[:16].replace("T", " "))
+        print(f"{s.id}  {updated}  {s.messages:>3} msgs  {tpc:>15}  {one_line(s.title)}")
     for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+        print(f"skipped {one_line(p)}", file=sys.stderr)
     return 0
 
 
@@ -55,14 +58,14 @@ def _show(store, args) -> int:
     if args.json:
         sys.stdout.write(to_json(session))
         return 0
-    print(f"{session.title}  ({session.id})")
-    print(f"target {session.target}  draft {session.draft or 'none'}  updated {session.updated}")
+    print(f"{one_line(session.title)}  ({session.id})")
+    print(one_line(f"target {session.target}  draft {session.draft or 'none'}  updated {session.updated}"))
     tpc = session.tokens_per_cycle()
     if tpc is not None:
         print(f"{session.generated_tokens()} tokens generated, {tpc:.2f} tokens per cycle")
     for m in session.messages:
         print(f"\n[{m.role}]")
-        print(m.content)
+        print(printable(m.content))
         figures = reply_summary(m.done()) if m.role == "assistant" else ""
         if figures:
             print(f"  ({figures})")
@@ -78,9 +81,9 @@ def _export(store, args) -> int:
             path = store.export(session, args.format, Path(args.output))
         except OSError as exc:
             raise UserError(f"could not write {args.output}: {exc.strerror or exc}") from None
-        print(f"wrote {path}", file=sys.stderr)
+        print(f"wrote {one_line(path)}", file=sys.stderr)
     else:
-        sys.stdout.write(export_text(session, args.format))
+        sys.stdout.write(export_text(session, args.format))  # both formats are safe on a terminal
     return 0
 
 
@@ -89,7 +92,7 @@ def _delete(store, args) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
             raise UserError("not deleting without confirmation; pass --yes")
-        answer = input(f"Delete “{session.title}” ({len(session.messages)} messages)? [y/N] ")
+        answer = input(f"Delete “{one_line(session.title)}” ({len(session.messages)} messages)? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("kept", file=sys.stderr)
             return 1
@@ -97,5 +100,5 @@ def _delete(store, args) -> int:
         path = store.delete(session.id)
     except OSError as exc:
         raise UserError(f"could not delete {session.id}: {exc.strerror or exc}") from None
-    print(f"deleted {path}", file=sys.stderr)
+    print(f"deleted {one_line(path)}", file=sys.stderr)
     return 0

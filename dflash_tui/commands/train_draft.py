@@ -14,7 +14,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, metavar="M", help="target: a local mlx-lm model directory or a hub repo id")
     parser.add_argument("--prompts", required=True, type=Path, metavar="FILE.jsonl",
                         help='one JSON object a line: {"prompt": ...} or {"messages": [...]}; replies are regenerated')
-    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the draft checkpoint goes")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="where the draft checkpoint goes: a new or empty folder (see --force, --resume)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the model already in --out (its config.json and weights; nothing else there)")
     parser.add_argument("--layers", type=int, default=2, metavar="N", help="draft layers (default 2)")
     parser.add_argument("--block-size", type=int, default=16, metavar="B")
     parser.add_argument("--target-layers", type=int, nargs="+", metavar="ID", help="target layer ids to capture")
@@ -48,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
     if args.block_size < 2:
         raise UserError("--block-size must be at least 2")
+    check_out(args.out, args.target, force=args.force, resume=args.resume)
     convs = read_prompts(args.prompts)
     random.Random(args.seed).shuffle(convs)
     n_eval = min(args.eval_prompts, len(convs) - 1)
@@ -65,3 +69,22 @@ def run(args: argparse.Namespace) -> int:
         summary["mean_tokens_per_cycle"] = metrics["eval"]["mean_tokens_per_cycle"]
     print(json.dumps(summary))
     return 0
+
+
+def check_out(out: Path, target: str, force: bool, resume: bool) -> None:
+    """Refuse an --out that would destroy a model: the target itself, or a folder that holds one."""
+    from dflash_tui.engine.checkpoint import holds_model
+    from dflash_tui.training.trainer import STATE_DIR
+
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder")
+    target_dir = Path(target).expanduser()
+    if target_dir.exists() and out.exists() and out.resolve() == target_dir.resolve():
+        raise UserError(f"--out {out} is the target's own folder; the draft needs a folder of its own")
+    if resume:
+        if not (out / STATE_DIR / "sequences.npz").is_file():
+            raise UserError(f"nothing to resume in {out} (no {STATE_DIR}/sequences.npz)")
+        return
+    if holds_model(out) and not force:
+        raise UserError(f"--out {out} already holds a model (config.json or weights); pick a new folder, "
+                        "--resume a run there, or pass --force to replace it")

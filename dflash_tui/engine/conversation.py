@@ -43,6 +43,24 @@ def _never() -> bool:
     return False
 
 
+def context_length(target: Any) -> Optional[int]:
+    """The model's context in tokens (max_position_embeddings; a hybrid's sits in text_config); None if unknown."""
+    args = target.args
+    for source in (args, getattr(args, "text_config", None)):
+        value = source.get("max_position_embeddings") if isinstance(source, dict) else getattr(source, "max_position_embeddings", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _stopped_stats(use_draft: bool, prompt: list[int], cached: int, prefill_s: float) -> dict[str, Any]:
+    """The figures of a turn stopped during its prefill: nothing generated."""
+    zero = ("generated_tokens", "decode_s", "decode_tps", "cycles", "tokens_per_cycle", "acceptance", "draft_ms",
+            "verify_ms", "rollback_ms", "prefill_tps")
+    return {"mode": "dflash" if use_draft else "baseline", "prompt_tokens": len(prompt), "cached_tokens": cached,
+            "prefill_s": prefill_s, "ttft_s": prefill_s, **{k: 0 for k in zero}}
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -117,6 +135,12 @@ class Conversation:
         if not prompt:
             yield Error("empty prompt")
             return
+        limit = context_length(self.target)
+        if limit is not None and len(prompt) >= limit:  # refused before a minute of prefill, not after
+            if owns_user_message:
+                self.messages.pop()
+            yield Error(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens")
+            return
         try:
             sampling = settings.sampling()
         except ValueError as exc:
@@ -148,8 +172,10 @@ class Conversation:
 
         # reuse what the caches already hold; at least one token must be prefilled
         cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
-        logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk)
+        logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk, should_cancel)
         yield Prefill(prompt_tokens=len(prompt), cached_tokens=cached, seconds=prefill_s)
+        if logits is None:  # stopped between prefill chunks: no reply; the caches keep what was prefilled
+            return Done(tokens=[], text="", finish_reason="cancelled", stats=_stopped_stats(use_draft, prompt, cached, prefill_s))
 
         detok = self.tokenizer.detokenizer
         detok.reset()

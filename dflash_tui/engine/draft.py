@@ -56,7 +56,7 @@ class DraftConfig:
             n_layers = int(cfg["num_hidden_layers"])
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
-            return cls(
+            out = cls(
                 hidden_size=hidden,
                 num_hidden_layers=n_layers,
                 num_attention_heads=heads,
@@ -75,8 +75,22 @@ class DraftConfig:
                 layer_types=list(cfg.get("layer_types") or ["full_attention"] * n_layers),
                 sliding_window=cfg.get("sliding_window"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
             raise DraftLoadError(f"draft config.json is missing or has a bad field: {exc}") from None
+        out.check()
+        return out
+
+    def check(self) -> None:
+        """Sizes a draft can be built with; DraftLoadError naming every one that is not."""
+        sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "vocab_size", "block_size", "num_target_layers")
+        bad = [k for k in sizes if getattr(self, k) < 1]
+        if not self.target_layer_ids:
+            bad.append("target_layer_ids (empty)")
+        if self.mask_token_id < 0:
+            bad.append("mask_token_id")
+        if bad:
+            raise DraftLoadError(f"draft config.json has bad values: {', '.join(bad)}")
 
     def to_dict(self) -> dict[str, Any]:
         """The z-lab `config.json` layout."""
@@ -300,7 +314,11 @@ def load_draft(path_or_repo: str, dtype: mx.Dtype = mx.bfloat16) -> DFlashDraft:
         raise DraftLoadError(f"draft checkpoint has no .safetensors weights: {path}")
     weights: dict[str, mx.array] = {}
     for f in files:
-        weights.update(mx.load(str(f)))
+        try:
+            weights.update(mx.load(str(f)))
+        except (RuntimeError, ValueError, OSError) as exc:  # truncated, corrupt, not safetensors
+            raise DraftLoadError(f"draft weights {f.name} cannot be read (truncated or corrupt?): "
+                                 f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
     # Some exports carry the target's embedding/head; the draft uses the target's own.
     weights = {k: v for k, v in weights.items() if not k.startswith(("embed_tokens.", "lm_head."))}

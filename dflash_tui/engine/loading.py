@@ -95,6 +95,8 @@ def load_target(model: str, trust_remote_code: bool = False, progress: Optional[
     except Exception as exc:  # mlx-lm raises many kinds for a bad model; the user needs one line
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not load model {model}: {msg}") from None
+    if not _tokenizer_works(tokenizer):  # without its files, transformers hands back an empty tokenizer
+        raise UserError(f"{model} has no usable tokenizer (no tokenizer.json or tokenizer.model?)")
     target = Target(lm, tokenizer, name=model)
     if target.is_hybrid:
         # Gated DeltaNet state cannot be trimmed: it needs its own rollback
@@ -102,6 +104,13 @@ def load_target(model: str, trust_remote_code: bool = False, progress: Optional[
 
         target = HybridTarget(lm, tokenizer, name=model)
     return target
+
+
+def _tokenizer_works(tokenizer) -> bool:
+    try:
+        return len(tokenizer.encode("Hello, world")) > 0
+    except Exception:  # a tokenizer that cannot encode is as good as none
+        return False
 
 
 def check_fit(target: Target, draft: DFlashDraft) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 
@@ -73,15 +73,19 @@ class DecodeState:
         return kept
 
     # -- prefill -----------------------------------------------------------
-    def prefill(self, new_tokens: list[int], chunk: int = 512) -> tuple[mx.array, float]:
+    def prefill(self, new_tokens: list[int], chunk: int = 512,
+                should_cancel: Optional[Callable[[], bool]] = None) -> tuple[Optional[mx.array], float]:
         """Run `new_tokens` through the target (and their features into the draft).
 
-        Returns the logits after the last token ([V]) and the seconds taken.
+        Returns the logits after the last token ([V]) and the seconds taken. `should_cancel` is
+        asked between chunks: when it says stop, the logits are None and the caches hold the chunks done.
         """
         tic = time.perf_counter()
         self.flush_pending()
         logits = None
         for start in range(0, len(new_tokens), chunk):
+            if start and should_cancel is not None and should_cancel():
+                return None, time.perf_counter() - tic
             piece = new_tokens[start : start + chunk]
             logits, feats = self.target.forward(mx.array(piece)[None], self.target_cache, last_only=True)
             if self.draft is not None and feats is not None:

@@ -26,6 +26,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
+from dflash_tui.engine.checkpoint import staged_checkpoint
 from dflash_tui.engine.draft import DFlashDraft, DraftConfig, load_draft, save_draft
 from dflash_tui.engine.target import Target
 from dflash_tui.errors import UserError
@@ -175,18 +176,16 @@ def read_prompts(path: Path) -> list[list[dict[str, str]]]:
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise UserError(f"cannot read prompts file {path}: {exc.strerror}") from None
+        raise UserError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"prompts file {path} is not UTF-8 text (byte {exc.start})") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            if "messages" in row:
-                msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in row["messages"]]
-            else:
-                msgs = [{"role": "user", "content": str(row["prompt"])}]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            raise UserError(f"{path}:{n}: expected a JSON object with \"prompt\" or \"messages\"") from None
+            msgs = _prompt_row(json.loads(line))
+        except (ValueError, KeyError, TypeError, RecursionError):  # bad JSON, 5000-digit numbers, deep nesting
+            raise UserError(f"{path}:{n}: expected a JSON object with \"prompt\" or \"messages\" (text)") from None
         while msgs and msgs[-1]["role"] == "assistant":
             msgs.pop()
         if msgs:
@@ -194,6 +193,21 @@ def read_prompts(path: Path) -> list[list[dict[str, str]]]:
     if not convs:
         raise UserError(f"no prompts in {path}")
     return convs
+
+
+def _prompt_row(row: Any) -> list[dict[str, str]]:
+    """One JSONL row as messages; raises ValueError unless every role and text is a string."""
+    if not isinstance(row, dict):
+        raise ValueError("not an object")
+    if "messages" in row:
+        if not isinstance(row["messages"], list):
+            raise ValueError("messages is not a list")
+        msgs = [{"role": m["role"], "content": m["content"]} for m in row["messages"]]
+    else:
+        msgs = [{"role": "user", "content": row["prompt"]}]
+    if not all(isinstance(m["role"], str) and isinstance(m["content"], str) for m in msgs):
+        raise ValueError("roles and contents must be text")
+    return msgs
 
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -292,7 +306,8 @@ def save_state(out_dir: Path, draft: DFlashDraft, optimizer: optim.Optimizer, st
     tmp = d / "state.json.tmp"
     tmp.write_text(json.dumps({"step": step, "total": total, "config": asdict(cfg)}, indent=2))
     tmp.replace(d / "state.json")
-    save_draft(draft, out_dir)  # a usable checkpoint at every save
+    with staged_checkpoint(out_dir) as stage:  # a usable checkpoint at every save, moved in whole
+        save_draft(draft, stage)
 
 
 def load_state(out_dir: Path, draft: DFlashDraft, optimizer: optim.Optimizer) -> dict[str, Any]:
@@ -409,13 +424,12 @@ def train_draft(target: Target, prompts: Sequence[list[dict[str, str]]], out_dir
                 data: Optional[Sequences] = None) -> dict[str, Any]:
     """The whole recipe: regenerate (or reuse `data` / the saved regeneration), train, save, evaluate."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / STATE_DIR).mkdir(exist_ok=True)
     data_file = out_dir / STATE_DIR / "sequences.npz"
     dcfg_file = out_dir / STATE_DIR / "draft_config.json"
+    if resume and (not data_file.exists() or not dcfg_file.exists()):  # checked before anything is created
+        raise UserError(f"nothing to resume in {out_dir} (no {STATE_DIR}/sequences.npz)")
+    (out_dir / STATE_DIR).mkdir(parents=True, exist_ok=True)
     if resume:
-        if not data_file.exists() or not dcfg_file.exists():
-            raise UserError(f"nothing to resume in {out_dir} (no {STATE_DIR}/sequences.npz)")
         data = Sequences.load(data_file)
         dcfg = DraftConfig.from_dict(json.loads(dcfg_file.read_text()))
         draft = DFlashDraft(dcfg)

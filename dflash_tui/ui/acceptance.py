@@ -35,6 +35,7 @@ BARS = " ▁▂▃▄▅▆▇█"
 _VISIBLE = {" ": "·", "\n": "⏎", "\t": "→", "\r": "␍"}
 _VISIBLE.update({chr(c): chr(0x2400 + c) for c in range(0x20) if chr(c) not in _VISIBLE})
 _VISIBLE["\x7f"] = "␡"
+_VISIBLE.update({chr(c): "\ufffd" for c in range(0x80, 0xA0)})  # C1: no pictures, and never raw
 
 Decoder = Callable[[int], str]
 LEGEND = "[$text on $success 30%]kept[/] [$text-muted strike on $error 35%]rejected[/][$text bold on $accent 45%]target[/] [$text-disabled]unused[/]"

@@ -23,6 +23,7 @@ from textual.theme import Theme
 from textual.widgets import Footer
 
 from dflash_tui.config import DEFAULT_THEME, Config, LoadedConfig, data_dir, load_config, save_settings
+from dflash_tui.printable import plain
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.acceptance import AcceptanceView
@@ -30,6 +31,7 @@ from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
+from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import load_themes
 from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem
@@ -84,7 +86,7 @@ def while_shown(handler):
     return guarded
 
 
-class DFlashApp(App[None]):
+class DFlashApp(PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -316,7 +318,7 @@ class DFlashApp(App[None]):
         self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
         self.meter.set_settings(self.meter_settings())
         self.meter.set_baseline_tps(None)
-        self.chat.border_title = f"conversation · {_short(message.target)}"
+        self.chat.border_title = plain(f"conversation · {_short(message.target)}")
         if message.draft:
             self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
         else:

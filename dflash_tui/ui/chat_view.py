@@ -27,6 +27,7 @@ from textual.widgets import Label, Markdown, ProgressBar, Static
 
 _CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
 _CONTROL[0x7F] = 0x2421
+_CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})  # C1 (a lone CSI is as good as ESC [) have no pictures
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^(?P=fence)[ \t]*$|\Z)", re.M | re.S)
 _FENCE_LINE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 MARKDOWN_INTERVAL_S = 1.0  # while a reply streams, its Markdown is re-parsed at most this often
@@ -327,7 +328,7 @@ class Note(Static):
     """A line from the app itself: an error, a notice, a hint."""
 
     def __init__(self, text: str, severity: str = "information", **kwargs) -> None:
-        super().__init__(text, markup=False, **kwargs)
+        super().__init__(visible(text), markup=False, **kwargs)
         self.add_class(f"-{severity}")
 
 
@@ -339,7 +340,7 @@ class LoadingPanel(Vertical):
         self.model = model
 
     def compose(self) -> ComposeResult:
-        yield Label(f"Loading {self.model}", classes="loading-title", markup=False)
+        yield Label(visible(f"Loading {self.model}"), classes="loading-title", markup=False)
         yield Label("starting", classes="loading-stage", markup=False)
         yield ProgressBar(total=100, show_eta=False)
 

@@ -17,11 +17,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dflash_tui.engine.events import Block, Done, Error, Prefill
+from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
 from dflash_tui.sessions import Session, reply_summary
 from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
+from dflash_tui.ui.plain_notify import PlainNotify
 
 TICK_S = 1 / 30  # the screen asks the player what is due this often
 
@@ -34,7 +36,7 @@ class ReplayBar(Static):
     """
 
 
-class ReplayScreen(Screen[None]):
+class ReplayScreen(PlainNotify, Screen[None]):
     # its own layout (the chat screen's, in short): conversation left, decoder panes right; stacked when narrow
     DEFAULT_CSS = """
     ReplayScreen { layout: vertical; }
@@ -99,11 +101,11 @@ class ReplayScreen(Screen[None]):
 
     def on_mount(self) -> None:
         s = self.session
-        self.chat.border_title = f"replay · {s.title or 'untitled'}"
+        self.chat.border_title = plain(f"replay · {s.title or 'untitled'}")  # Text: a title is data, not markup
         self.acceptance.border_title = "acceptance"
         self.meter.border_title = "system · recorded"
         self.acceptance.set_decoder(s.decode)
-        self.meter.set_pair(s.target, s.draft, s.device or "recorded")
+        self.meter.set_pair(one_line(s.target), one_line(s.draft) if s.draft else None, one_line(s.device or "recorded"))
         self.meter.set_settings(s.settings)
         self.meter.set_baseline_tps(recorded_baseline(s))
         self.set_interval(self.tick_s, self._tick)
@@ -276,7 +278,7 @@ def recorded_baseline(session: Session) -> Optional[float]:
     return None
 
 
-class ReplayApp(App[None]):
+class ReplayApp(PlainNotify, App[None]):
     """`dflash-tui replay`: the replay screen on its own (app.tcss styles the messages as in the chat)."""
 
     CSS_PATH = str(Path(__file__).with_name("app.tcss"))

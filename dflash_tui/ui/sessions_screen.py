@@ -17,8 +17,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
+from dflash_tui.printable import one_line, plain, printable
 from dflash_tui.sessions import Session, SessionError, SessionStore, SessionSummary
 from dflash_tui.ui.meter import short_name
+from dflash_tui.ui.plain_notify import PlainNotify
 
 Result = Optional[tuple[str, Session]]
 
@@ -27,7 +29,7 @@ def local_time(stamp: str) -> str:
     """An ISO time as local 'YYYY-MM-DD HH:MM' (the text itself when it does not parse)."""
     try:
         return datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:
+    except (ValueError, OverflowError, OSError):  # year 1 or 9999 in another zone cannot be shown locally
         return stamp
 
 
@@ -35,7 +37,7 @@ def _cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(PlainNotify, ModalScreen[bool]):
     BINDINGS = [Binding("y", "answer(True)", "Yes"), Binding("n,escape", "answer(False)", "No")]
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; background: $background 60%; }
@@ -50,7 +52,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Static(self.question, markup=False)
+            yield Static(printable(self.question), markup=False)
             with Horizontal():
                 yield Button("Delete (y)", variant="error", id="yes")
                 yield Button("Keep (n)", id="no")
@@ -66,7 +68,7 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
-class RenameScreen(ModalScreen[Optional[str]]):
+class RenameScreen(PlainNotify, ModalScreen[Optional[str]]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
     DEFAULT_CSS = """
     RenameScreen { align: center middle; background: $background 60%; }
@@ -81,7 +83,7 @@ class RenameScreen(ModalScreen[Optional[str]]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("New title (Enter saves, Esc cancels)")
-            yield Input(self.current, id="title")
+            yield Input(one_line(self.current), id="title")
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
@@ -91,7 +93,7 @@ class RenameScreen(ModalScreen[Optional[str]]):
         self.dismiss(None)
 
 
-class SessionsScreen(Screen[Result]):
+class SessionsScreen(PlainNotify, Screen[Result]):
     BINDINGS = [
         Binding("o", "open", "Open"),  # Enter on a row opens too (DataTable.RowSelected)
         Binding("r", "replay", "Replay"),
@@ -118,7 +120,7 @@ class SessionsScreen(Screen[Result]):
 
     def compose(self) -> ComposeResult:
         yield Static("Saved sessions", id="sessions-title")
-        yield Static(f"Enter opens · r replays · {self.store.root}", id="sessions-where", markup=False)
+        yield Static(one_line(f"Enter opens · r replays · {self.store.root}"), id="sessions-where", markup=False)
         table = DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
         table.add_column("Title", key="title")
         table.add_column("Model", key="model")
@@ -147,9 +149,11 @@ class SessionsScreen(Screen[Result]):
         # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
         title_width = max(12, (self.size.width or 100) - 60)
         for s in self.summaries:
-            title = _cut(s.title or "untitled", title_width)
+            title = _cut(one_line(s.title or "untitled"), title_width)
             tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
-            table.add_row(title, _cut(short_name(s.target), 18), local_time(s.updated), str(s.messages), tpc, key=s.id)
+            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
+            cells = (title, _cut(one_line(short_name(s.target)), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
+            table.add_row(*(plain(c) for c in cells), key=s.id)
         empty = not self.summaries
         table.display = not empty
         self.query_one("#sessions-empty").display = empty
@@ -157,7 +161,7 @@ class SessionsScreen(Screen[Result]):
         problems.display = bool(self.problems)
         if self.problems:
             lines = [f"{len(self.problems)} file(s) skipped (left as they are):"] + [f"  {p}" for p in self.problems]
-            problems.update("\n".join(lines))
+            problems.update(printable("\n".join(lines)))
         if keep is not None:
             ids = [s.id for s in self.summaries]
             if keep in ids:

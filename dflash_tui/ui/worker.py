@@ -148,13 +148,19 @@ class EngineWorker:
         self._cancel.set()
         self._queue.put(_Stop())
 
-    async def stopped(self, timeout: float = STOP_TIMEOUT_S) -> bool:
+    async def stopped(self, timeout: Optional[float] = None) -> bool:
         """Stop the thread and wait (without blocking the event loop) until it has let go of MLX."""
+        timeout = STOP_TIMEOUT_S if timeout is None else timeout
         self.stop()
         end = time.monotonic() + timeout
         while self._thread is not None and not self._finished.is_set() and time.monotonic() < end:
             await asyncio.sleep(0.02)
         return self._finished.is_set()
+
+    @property
+    def alive(self) -> bool:
+        """The thread is still running (inside a load or an MLX call, after a stop that timed out)."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def finished(self) -> bool:

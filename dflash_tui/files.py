@@ -1,0 +1,92 @@
+"""Reading and writing the app's own files safely.
+
+Reads take regular files only, size-checked before a byte is read: a fifo
+named `*.json` would block forever, a link to /dev/zero would never end.
+Writes go to a temp file in the same folder and replace the old one whole;
+temp files a killed process left behind are swept later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+TEMP_SUFFIX = ".tmp"
+STALE_TEMP_S = 60.0  # a save writes its temp file in well under this; an older one is a killed save's
+
+
+class NotRegularFile(OSError):
+    """Not a regular file (a fifo, a device, a folder): never opened for reading."""
+
+
+class TooBig(OSError):
+    """Bigger than the caller's limit."""
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`; raises OSError (NotRegularFile, TooBig) otherwise."""
+    st = os.stat(path)  # follows a link: what is read is what it points at
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"not a regular file ({_kind(st.st_mode)})")
+    if st.st_size > max_bytes:
+        raise TooBig(f"too big ({st.st_size} bytes)")
+    # O_NONBLOCK: if it was swapped for a fifo since the stat, opening does not wait for a writer
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile("not a regular file")
+        data = fh.read(max_bytes + 1)  # it may have grown since the stat
+    if len(data) > max_bytes:
+        raise TooBig(f"too big (over {max_bytes} bytes)")
+    return data
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a fifo"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def atomic_write(path: Path, payload: bytes) -> None:
+    """Temp file in the same directory + os.replace: a crash never leaves half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# what atomic_write names its temp files: "." + stem + "." + mkstemp's random part + ".tmp"
+_TEMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9_-]{0,79}\.[A-Za-z0-9_]{6,12}\.tmp$")
+
+
+def sweep_stale_temps(folder: Path, older_than_s: float = STALE_TEMP_S) -> list[str]:
+    """Remove the temp files of saves that were killed (only our own names, only regular files)."""
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    cutoff = time.time() - older_than_s
+    for entry in entries:
+        if not _TEMP_NAME.match(entry.name):
+            continue
+        with contextlib.suppress(OSError):  # a read-only folder, or another process got there first
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
