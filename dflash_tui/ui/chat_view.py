@@ -319,6 +319,8 @@ class AssistantHandle:
             return  # removed meanwhile (regenerate, new chat, quit)
         with self.message.app.batch_update():  # the full Markdown replaces Markdown and tail in one frame
             await self.message.body.update(visible(display_text(text)) if text else "*(empty reply)*")
+            if not self.message.is_attached or not self.message.query(".message-tail"):
+                return  # taken down while the Markdown was parsed (a replay jump, quit)
             self.message.hide_tail()
             self.message.set_footer(footer)
             self.message.refresh_header()
