@@ -19,4 +19,4 @@ def block_logits(target: Target, draft: DFlashDraft, cache: list[Any], token: in
     hidden = draft(target.embed(block), features, cache)
     for c in cache:
         c.trim(b)
-    return target.head(hidden[:, 1:])[0]
+    return draft.read_out(target.head(hidden[:, 1:]))[0]

@@ -112,7 +112,7 @@ def check_fit(target: Target, draft: DFlashDraft) -> None:
         problems.append(f"hidden size {c.hidden_size} != target's {target.hidden_size}")
     if c.vocab_size != target.vocab_size:
         problems.append(f"vocab size {c.vocab_size} != target's {target.vocab_size}")
-    if c.num_target_layers != target.num_layers:
+    if c.num_target_layers is not None and c.num_target_layers != target.num_layers:
         problems.append(f"num_target_layers {c.num_target_layers} != target's {target.num_layers} layers")
     bad = [i for i in c.target_layer_ids if not 0 <= i < target.num_layers]
     if bad:
