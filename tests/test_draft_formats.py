@@ -1,9 +1,10 @@
-"""Published draft formats load: a gpt-oss draft (attention biases, YaRN, no num_target_layers)."""
+"""Published draft formats load: a gpt-oss draft (attention biases, YaRN, no num_target_layers) and a
+DFlash2 draft (`DFlash2DraftModel`: convolutions, candidate selector), which also decodes exactly."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -11,9 +12,13 @@ import numpy as np
 import pytest
 
 from dflash_tui import random_pair as rp
-from dflash_tui.engine.draft import load_draft
+from dflash_tui.engine.draft import DFlashDraft, load_draft, save_draft
 from dflash_tui.engine.draft_step import block_logits
-from dflash_tui.engine.loading import check_fit, load_target
+from dflash_tui.engine.conversation import Conversation, GenerationSettings
+from dflash_tui.engine.events import Block
+from dflash_tui.engine.loading import check_fit, load_pair, load_target
+from dflash_tui.errors import UserError
+from dflash_tui.training.draft_forward import train_hidden
 
 # z-lab/gpt-oss-20b-DFlash config.json as shipped (2026-04-20), dimensions shrunk to the test target's
 GPT_OSS_DRAFT = {
@@ -74,3 +79,56 @@ def test_missing_bias_is_one_clear_error(qwen3_dirs, tmp_path):
     with pytest.raises(Exception) as err:
         load_draft(str(tmp_path))
     assert "q_proj.bias" in str(err.value)
+
+
+def _dflash2_draft(qwen3_dirs, out_dir) -> DFlashDraft:
+    """A DFlash2 draft for the test target, saved as published (Qwen3.8-27B-DFlash2's layout)."""
+    tcfg = json.loads((qwen3_dirs["target"] / "config.json").read_text())
+    cfg = rp.draft_config_for(tcfg, rp.mask_token_id(qwen3_dirs["target"]), layers=2, block_size=8)
+    cfg = replace(cfg, layer_types=["sliding_attention"] * 2, sliding_window=16, is_causal=False,
+                  conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    mx.random.seed(3)
+    draft = DFlashDraft(cfg)
+    save_draft(draft, out_dir, dtype=mx.float32)
+    return draft
+
+
+def test_dflash2_checkpoint_is_in_the_published_layout(qwen3_dirs, tmp_path):
+    _dflash2_draft(qwen3_dirs, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["is_causal"] is False
+    assert {k: cfg["dflash_config"][k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                                                "selector_top_k")} == {"conv_kernel_size": 2, "conv_group_size": 16,
+                                                                       "selector_rank": 8, "selector_top_k": 4}
+    names = set(mx.load(str(tmp_path / "model.safetensors")))
+    assert "candidate_selector.predecessor_codebook" in names and "layers.1.mlp_conv.base_kernel" in names
+    assert load_draft(str(tmp_path)).config.is_dflash2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_dflash2_draft_decodes_exactly(qwen3_dirs, tmp_path, temperature):
+    _dflash2_draft(qwen3_dirs, tmp_path / "draft")
+    pair = load_pair(str(qwen3_dirs["target"]), str(tmp_path / "draft"), draft_dtype=mx.float32)
+    settings = dict(max_tokens=40, temperature=temperature, seed=7)
+    events = list(Conversation(pair).generate("hi there", GenerationSettings(block_size=8, **settings)))
+    alone = list(Conversation(pair).generate("hi there", GenerationSettings(baseline=True, **settings)))[-1]
+    got = events[-1]
+    if temperature == 0.0:
+        assert got.tokens == alone.tokens  # greedy: the target's own output, token for token
+    drafted = [e.drafted for e in events if isinstance(e, Block) and e.drafted]
+    assert drafted and all(len(d) <= 7 for d in drafted) and 0 < len(got.tokens) <= 40
+
+
+def test_dflash2_training_is_refused_in_one_line(qwen3_dirs, tmp_path):
+    draft = _dflash2_draft(qwen3_dirs, tmp_path)
+    with pytest.raises(UserError, match="DFlash2"):
+        train_hidden(draft, mx.zeros((1, 8, 64)), mx.zeros((1, 12, 3 * 64)), mx.array([[2]]))
+
+
+def test_dflash2_without_its_fields_is_one_line(qwen3_dirs, tmp_path):
+    _dflash2_draft(qwen3_dirs, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["dflash_config"]["selector_top_k"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="DFlash2 draft needs"):
+        load_draft(str(tmp_path))

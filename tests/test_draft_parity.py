@@ -23,8 +23,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 from dflash_tui import random_pair as rp
-from dflash_tui.engine.draft import DFlashDraft, DraftConfig, load_draft
-from dflash_tui.engine.draft_step import block_logits
+from dflash_tui.engine.draft import DFlashDraft, DraftConfig, load_draft, save_draft
+from dflash_tui.engine.draft_step import block_logits, block_proposals
 from dflash_tui.engine.loading import load_target
 
 REFERENCE = "0.1.0"  # the dflash release read for these facts; a newer one may decide differently
@@ -53,7 +53,13 @@ CASES: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
                            "original_max_position_embeddings": 8}),
         [dict(is_causal=None), dict(rope_scaling=None)],
     ),
-    "attention_bias": (dict(attention_bias=True), [dict(attention_bias="zeroed")]),
+    "attention_bias": (dict(attention_bias=True), [dict(zero="_proj.bias")]),
+    # DFlash2DraftModel, shaped like the published Qwen3.8 one: all sliding, bidirectional
+    "dflash2": (
+        dict(layer_types=["sliding_attention"] * 3, sliding_window=5, is_causal=False, conv_kernel_size=2,
+             conv_group_size=16, selector_rank=8, selector_top_k=5),
+        [dict(zero="base_kernel"), dict(zero="kernel_projection.weight"), dict(sliding_window=4)],
+    ),
 }
 
 
@@ -72,22 +78,34 @@ def _draft_config(target_cfg: dict[str, Any], mask: int, fields: dict[str, Any])
     return replace(base, **fields)
 
 
-def _ours(target, draft: DFlashDraft, features: list[mx.array], tokens: list[int]) -> list[np.ndarray]:
+def _ours(target, draft: DFlashDraft, features: list[mx.array], tokens: list[int], step=block_logits) -> list[np.ndarray]:
     cache = draft.make_cache()
     out = []
     for (_, b), feats, token in zip(STEPS, features, tokens):
-        out.append(np.array(block_logits(target, draft, cache, token, b, feats)))
+        out.append(np.array(step(target, draft, cache, token, b, feats)))
     return out
 
 
 def _perturbed(draft: DFlashDraft, change: dict[str, Any]) -> DFlashDraft:
-    weights = dict(tree_flatten(draft.parameters()))
-    if change.get("attention_bias") == "zeroed":
-        weights = {k: (mx.zeros_like(v) if k.endswith("_proj.bias") else v) for k, v in weights.items()}
-        change = {}
+    """The same weights under a changed config, or with the weights named by `zero` zeroed."""
+    change = dict(change)
+    zero = change.pop("zero", None)
+    weights = {k: (mx.zeros_like(v) if zero and k.endswith(zero) else v)
+               for k, v in tree_flatten(draft.parameters())}
     other = DFlashDraft(replace(draft.config, **change))
     other.load_weights(list(weights.items()))
     return other
+
+
+def _build(out_dir: Path, cfg: DraftConfig, seed: int) -> None:
+    mx.random.seed(seed)
+    draft = DFlashDraft(cfg)
+    if cfg.is_dflash2:  # weights that make every DFlash2 part count (the fixed kernels start at zero)
+        scaled = {k: v * 4 for k, v in tree_flatten(draft.parameters()) if "candidate_selector" in k}
+        kernels = {k: mx.random.normal(v.shape) * 0.5 for k, v in tree_flatten(draft.parameters())
+                   if k.endswith("base_kernel")}
+        draft.load_weights(list((scaled | kernels).items()), strict=False)
+    save_draft(draft, out_dir, dtype=mx.float32)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +124,7 @@ def parity_run(qwen3_dirs, tmp_path_factory):
     job: dict[str, Any] = {"target": str(target_dir), "inputs": str(root / "inputs.npz"),
                            "out": str(root / "ref.npz"), "cases": []}
     for i, (name, (fields, _)) in enumerate(CASES.items()):
-        rp.build_draft(root / name, _draft_config(target_cfg, mask, fields), seed=10 + i)
+        _build(root / name, _draft_config(target_cfg, mask, fields), seed=10 + i)
         job["cases"].append({"name": name, "draft": str(root / name), "bias": bool(fields.get("attention_bias")),
                              "steps": [{"token": t, "b": b, "features": f"f{j}"}
                                        for j, ((_, b), t) in enumerate(zip(STEPS, tokens))]})
@@ -129,6 +147,11 @@ def test_draft_logits_match_the_reference(parity_run, case):
         want = ref[f"{case}/{i}"]
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= TOL, (case, i, float(np.abs(got - want).max()))
+    if draft.config.is_dflash2:  # the selector's path: the same ids, and not merely the logits' argmax
+        ids = _ours(target, draft, features, tokens, step=block_proposals)
+        for i, got in enumerate(ids):
+            assert got.tolist() == ref[f"{case}/{i}/tokens"].tolist(), (case, i)
+        assert any((got != logits.argmax(-1)).any() for got, logits in zip(ids, ours))
     # the fields this case covers change what the draft computes: a wrong one fails above
     for change in CASES[case][1]:
         moved = _ours(target, _perturbed(draft, change), features, tokens)

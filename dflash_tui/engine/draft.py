@@ -24,12 +24,18 @@ from mlx_lm.models.cache import KVCache
 
 from dflash_tui.engine.checkpoint import SHARD_BYTES, save_sharded
 from dflash_tui.engine.cuda_kernels import block_attention, block_attention_fits, kernels_wanted
+from dflash_tui.engine.draft2 import CandidateSelector, GroupedDynamicConv
 from dflash_tui.engine.draft_rope import DraftRoPE, RopeConfigError, standard_rope
 from dflash_tui.errors import UserError
 
 
 class DraftLoadError(UserError):
     """A draft checkpoint is missing, malformed, or not a DFlash draft."""
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# published DFlash2 checkpoints store the selector's codebooks without the `.weight` suffix
+_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
 
 @dataclass
@@ -56,6 +62,15 @@ class DraftConfig:
     input_embedding_scale: float = 1.0  # times the target's raw embedding rows
     output_multiplier: float = 1.0  # times the target head's logits
     final_logit_softcapping: Optional[float] = None  # then cap * tanh(logits / cap)
+    # DFlash2 (`DFlash2DraftModel`): convolutions around each sublayer, a candidate selector; 0 = none
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.conv_kernel_size > 0
 
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else "full_attention"
@@ -91,6 +106,11 @@ class DraftConfig:
                 "sliding_attention" if i >= sliding_from else "full_attention" for i in range(n_layers)
             ]
             cap = draft_value("final_logit_softcapping")
+            v2 = "DFlash2DraftModel" in (cfg.get("architectures") or [])
+            conv = [int(draft_value(k, 0)) if v2 else 0 for k in DFLASH2_FIELDS]
+            if v2 and (min(conv) <= 0 or hidden % conv[1]):
+                raise DraftLoadError("a DFlash2 draft needs dflash_config conv_kernel_size, conv_group_size "
+                                     f"(dividing hidden_size), selector_rank and selector_top_k > 0, not {conv}")
             causal = cfg.get("is_causal")
             n_target = cfg.get("num_target_layers")
             return cls(
@@ -116,6 +136,7 @@ class DraftConfig:
                 input_embedding_scale=float(draft_value("input_embedding_scale", 1.0)),
                 output_multiplier=float(draft_value("output_multiplier", 1.0)),
                 final_logit_softcapping=float(cap) if cap is not None else None,
+                **dict(zip(DFLASH2_FIELDS, conv)),
             )
         except RopeConfigError as exc:
             raise DraftLoadError(str(exc)) from None
@@ -131,8 +152,10 @@ class DraftConfig:
             dflash["output_multiplier"] = self.output_multiplier
         if self.final_logit_softcapping is not None:
             dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        if self.is_dflash2:
+            dflash.update({k: getattr(self, k) for k in DFLASH2_FIELDS})
         out: dict[str, Any] = {
-            "architectures": ["DFlashDraftModel"],
+            "architectures": ["DFlash2DraftModel" if self.is_dflash2 else "DFlashDraftModel"],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -273,10 +296,21 @@ class DraftLayer(nn.Module):
         self.mlp = DraftMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.is_dflash2:
+            self.attention_conv = GroupedDynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def __call__(self, x: mx.array, ctx: Optional[mx.array], cache: KVCache) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if "attention_conv" not in self:
+            h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        # DFlash2: each sublayer's input and output pass the convolution, both kernels predicted from its input
+        a = self.input_layernorm(x)
+        k_in, k_out = self.attention_conv.kernels(a)
+        h = x + self.attention_conv.mix(self.self_attn(self.attention_conv.mix(a, k_in, 0), ctx, cache), k_out, 1)
+        m = self.post_attention_layernorm(h)
+        k_in, k_out = self.mlp_conv.kernels(m)
+        return h + self.mlp_conv.mix(self.mlp(self.mlp_conv.mix(m, k_in, 0)), k_out, 1)
 
 
 class DFlashDraft(nn.Module):
@@ -288,6 +322,16 @@ class DFlashDraft(nn.Module):
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.layers = [DraftLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.is_dflash2:
+            self.candidate_selector = CandidateSelector(cfg.vocab_size, cfg.hidden_size, cfg.selector_rank,
+                                                        cfg.selector_top_k)
+
+    def select(self, hidden: mx.array, logits: mx.array, first: mx.array) -> Optional[mx.array]:
+        """A DFlash2 draft's proposals [B, L] from the hidden states and logits of the proposal
+        positions and the block's first token [B]; None for a DFlash draft (its logits propose)."""
+        if "candidate_selector" not in self:
+            return None
+        return self.candidate_selector.greedy_path(hidden, logits, first)
 
     @property
     def attention_mode(self) -> str:
@@ -386,6 +430,7 @@ def load_draft(path_or_repo: str, dtype: mx.Dtype = mx.bfloat16) -> DFlashDraft:
     for f in files:
         weights.update(mx.load(str(f)))
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    weights = {(k + ".weight" if k in _CODEBOOKS else k): v for k, v in weights.items()}
     # Some exports carry the target's embedding/head; the draft uses the target's own.
     weights = {k: v for k, v in weights.items() if not k.startswith(("embed_tokens.", "lm_head."))}
     try:
@@ -402,5 +447,7 @@ def save_draft(model: DFlashDraft, out_dir: str | Path, dtype: mx.Dtype = mx.bfl
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    save_sharded({k: v.astype(dtype) for k, v in tree_flatten(model.parameters())}, out, shard_bytes)
+    weights = {k.removesuffix(".weight") if k.removesuffix(".weight") in _CODEBOOKS else k: v.astype(dtype)
+               for k, v in tree_flatten(model.parameters())}
+    save_sharded(weights, out, shard_bytes)
     return out

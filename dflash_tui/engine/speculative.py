@@ -19,7 +19,7 @@ from dflash_tui.engine.sampling import (
     speculative_accept,
 )
 from dflash_tui.engine.adaptive import BlockSizer
-from dflash_tui.engine.draft_step import block_logits
+from dflash_tui.engine.draft_step import block_proposals
 from dflash_tui.engine.state import DecodeState
 
 
@@ -37,13 +37,14 @@ class Cycle:
 
 def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals
-    ([b-1, V], lazy)."""
-    return block_logits(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
+    ([b-1, V], lazy); a DFlash2 draft gives the b-1 ids its selector picks ([b-1])."""
+    return block_proposals(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
 
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    return greedy(draft_logits(state, token, b))
+    proposed = draft_logits(state, token, b)
+    return proposed if proposed.ndim == 1 else greedy(proposed)
 
 
 # A proposer returns either [b-1] token ids (a deterministic draft: under

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from dflash_tui.engine.draft import DFlashDraft, DraftAttention, DraftLayer, visible_keys
+from dflash_tui.errors import UserError
 
 
 def block_tokens(tokens: mx.array, anchors: mx.array, block_size: int, mask_token_id: int) -> mx.array:
@@ -95,6 +96,8 @@ def train_hidden(draft: DFlashDraft, block_embeds: mx.array, features: mx.array,
     block_embeds: [B, K*bs, H] embedded `block_tokens`; features: [B, L, k*H]
     target features of the whole sequence; anchors: [B, K] block start positions.
     """
+    if draft.config.is_dflash2:  # its convolutions run along each block: this forward would mix blocks
+        raise UserError("training a DFlash2 draft is not supported (DFlash drafts only)")
     bs = block_embeds.shape[1] // anchors.shape[1]
     ctx = draft.fuse(features)
     h = draft.block_input(block_embeds)
