@@ -5,7 +5,8 @@ reference patches mlx-lm classes.
 usage: python reference_draft_runner.py JOB.json
 JOB: {"target": dir, "inputs": npz, "out": npz, "cases": [{"name", "draft": dir, "bias": bool,
       "steps": [{"token": int, "b": int, "features": npz key}]}]}
-Writes out[f"{name}/{i}"] = the draft logits [b-1, V] of step i (fp32).
+Writes out[f"{name}/{i}"] = the draft logits [b-1, V] of step i (fp32); for a DFlash2 draft also
+its selector's greedy ids, and at temperature SAMPLE_T the first position's candidates and q.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+
+SAMPLE_T = 0.7
 
 
 def _with_attention_biases(ref) -> None:
@@ -67,6 +70,10 @@ def main(job_file: str) -> None:
             if isinstance(draft, ref.DFlash2DraftModel):
                 tokens, _, _ = draft.candidate_selector.select(hidden, logits, block[:, 0], 0.0)
                 out[f"{case['name']}/{i}/tokens"] = np.array(tokens[0])
+                # sampling: the first position's q (later ones hang on the random path)
+                _, candidates, q = draft.candidate_selector.select(hidden, logits, block[:, 0], SAMPLE_T)
+                out[f"{case['name']}/{i}/candidates"] = np.array(candidates[0, 0])
+                out[f"{case['name']}/{i}/q"] = np.array(q[0, 0].astype(mx.float32))
     out["version"] = np.array(version("dflash"))
     np.savez(job["out"], **out)
 

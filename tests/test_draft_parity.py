@@ -30,6 +30,7 @@ from dflash_tui.engine.loading import load_target
 REFERENCE = "0.1.0"  # the dflash release read for these facts; a newer one may decide differently
 TOL = 1e-4
 RUNNER = Path(__file__).with_name("reference_draft_runner.py")
+SAMPLE_T = 0.7  # the runner's sampling temperature
 STEPS = [(11, 4), (3, 4)]  # (context tokens pushed, block size) per cycle: 11 outruns the windows
 
 SLIDING = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -78,12 +79,9 @@ def _draft_config(target_cfg: dict[str, Any], mask: int, fields: dict[str, Any])
     return replace(base, **fields)
 
 
-def _ours(target, draft: DFlashDraft, features: list[mx.array], tokens: list[int], step=block_logits) -> list[np.ndarray]:
+def _ours(target, draft: DFlashDraft, features: list[mx.array], tokens: list[int]) -> list[np.ndarray]:
     cache = draft.make_cache()
-    out = []
-    for (_, b), feats, token in zip(STEPS, features, tokens):
-        out.append(np.array(step(target, draft, cache, token, b, feats)))
-    return out
+    return [np.array(block_logits(target, draft, cache, t, b, f)) for (_, b), f, t in zip(STEPS, features, tokens)]
 
 
 def _perturbed(draft: DFlashDraft, change: dict[str, Any]) -> DFlashDraft:
@@ -147,13 +145,25 @@ def test_draft_logits_match_the_reference(parity_run, case):
         want = ref[f"{case}/{i}"]
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= TOL, (case, i, float(np.abs(got - want).max()))
-    if draft.config.is_dflash2:  # the selector's path: the same ids, and not merely the logits' argmax
-        ids = _ours(target, draft, features, tokens, step=block_proposals)
-        for i, got in enumerate(ids):
-            assert got.tolist() == ref[f"{case}/{i}/tokens"].tolist(), (case, i)
-        assert any((got != logits.argmax(-1)).any() for got, logits in zip(ids, ours))
+    if draft.config.is_dflash2:
+        _selector_matches(target, draft, features, tokens, ref, case, ours)
     # the fields this case covers change what the draft computes: a wrong one fails above
     for change in CASES[case][1]:
         moved = _ours(target, _perturbed(draft, change), features, tokens)
         gap = max(float(np.abs(m - r).max()) for m, r in zip(moved, ours))
         assert gap > 100 * TOL, (case, change, gap)
+
+
+def _selector_matches(target, draft: DFlashDraft, features, tokens, ref, case: str, logits: list[np.ndarray]) -> None:
+    """The greedy path: the reference's ids, and not merely the logits' argmax. Sampling: the
+    first position's q is the reference's, and every drawn id has q > 0 (the rest of the path
+    hangs on the draws)."""
+    cache = draft.make_cache()
+    steps = [block_proposals(target, draft, cache, t, b, f) for (_, b), f, t in zip(STEPS, features, tokens)]
+    greedy = [np.array(step.greedy()) for step in steps]
+    for i, (step, ids) in enumerate(zip(steps, greedy)):
+        assert ids.tolist() == ref[f"{case}/{i}/tokens"].tolist(), (case, i)
+        drawn, q = (np.array(x) for x in step.sample(SAMPLE_T, mx.random.key(i)))
+        assert np.allclose(q.sum(-1), 1.0, atol=1e-5) and (q[np.arange(len(drawn)), drawn] > 0).all()
+        assert np.abs(q[0, ref[f"{case}/{i}/candidates"]] - ref[f"{case}/{i}/q"]).max() <= TOL
+    assert any((ids != row.argmax(-1)).any() for ids, row in zip(greedy, logits))

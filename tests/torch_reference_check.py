@@ -99,7 +99,8 @@ def main(work: Path, only: list[str]) -> None:
             ours.append(np.array(block_logits(target, ours_draft, cache, t, b, mx.array(f))))
         cache, our_ids = ours_draft.make_cache(), []
         for (_, b), f, t in zip(STEPS, feats, toks):
-            our_ids.append(np.array(block_proposals(target, ours_draft, cache, t, b, mx.array(f))))
+            step = block_proposals(target, ours_draft, cache, t, b, mx.array(f))
+            our_ids.append(np.array(step.greedy()) if ours_draft.selects else None)
         kind = DFlash2DraftModel if ours_draft.config.is_dflash2 else DFlashDraftModel
         ref = kind.from_pretrained(str(d), attn_implementation="sdpa", dtype=torch.float32).eval()
         scale = float(_draft_value(ref.config, "input_embedding_scale", 1.0))

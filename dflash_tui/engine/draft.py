@@ -326,12 +326,16 @@ class DFlashDraft(nn.Module):
             self.candidate_selector = CandidateSelector(cfg.vocab_size, cfg.hidden_size, cfg.selector_rank,
                                                         cfg.selector_top_k)
 
-    def select(self, hidden: mx.array, logits: mx.array, first: mx.array) -> Optional[mx.array]:
+    @property
+    def selects(self) -> bool:
+        """A DFlash2 draft: its candidate selector, not its logits' argmax, picks the proposals."""
+        return "candidate_selector" in self
+
+    def select(self, hidden: mx.array, logits: mx.array, first: mx.array, temperature: float = 0.0,
+               key: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
         """A DFlash2 draft's proposals [B, L] from the hidden states and logits of the proposal
-        positions and the block's first token [B]; None for a DFlash draft (its logits propose)."""
-        if "candidate_selector" not in self:
-            return None
-        return self.candidate_selector.greedy_path(hidden, logits, first)
+        positions and the block's first token [B]: greedy, or sampled with their q [B, L, V]."""
+        return self.candidate_selector.path(hidden, logits, first, temperature, key)
 
     @property
     def attention_mode(self) -> str:

@@ -9,6 +9,8 @@ one (dflash 0.1.0, dflash/model_mlx.py); written here from that description.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -56,16 +58,27 @@ class CandidateSelector(nn.Module):
         self.successor_codebook = nn.Embedding(vocab, rank)
         self.hidden_projection = nn.Linear(hidden, rank, bias=False)
 
-    def greedy_path(self, hidden: mx.array, logits: mx.array, first: mx.array) -> mx.array:
-        """hidden [B, L, H], logits [B, L, V] of the proposal positions, first [B] -> ids [B, L]."""
+    def path(self, hidden: mx.array, logits: mx.array, first: mx.array, temperature: float = 0.0,
+             key: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
+        """hidden [B, L, H], logits [B, L, V] of the proposal positions, first [B] -> ids [B, L], and
+        with a temperature > 0 (and a key) the ids drawn from softmax(score / T) over each position's
+        candidates, with those distributions as q [B, L, V] (the reference samples with the plain
+        temperature; speculative acceptance is exact for any q it is given)."""
         candidates = mx.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k :]  # [B, L, k]
         unary = mx.take_along_axis(logits, candidates, axis=-1)
         h = self.hidden_projection(hidden)  # [B, L, r]
-        prev, path = first, []
+        keys = mx.random.split(key, hidden.shape[1]) if temperature > 0 else None
+        prev, path, qs = first, [], []
         for i in range(hidden.shape[1]):
             query = self.predecessor_codebook(prev) * h[:, i]  # [B, r]
-            pair = (self.successor_codebook(candidates[:, i]) * query[:, None]).sum(-1)  # [B, k]
-            pick = mx.argmax(unary[:, i] + pair, axis=-1)
+            scores = unary[:, i] + (self.successor_codebook(candidates[:, i]) * query[:, None]).sum(-1)  # [B, k]
+            if keys is None:
+                pick = mx.argmax(scores, axis=-1)
+            else:
+                scaled = scores.astype(mx.float32) / temperature
+                pick = mx.random.categorical(scaled, key=keys[i])
+                q = mx.zeros((logits.shape[0], logits.shape[-1]), dtype=mx.float32)
+                qs.append(mx.put_along_axis(q, candidates[:, i], mx.softmax(scaled, axis=-1), axis=-1))
             prev = mx.take_along_axis(candidates[:, i], pick[:, None], axis=-1)[:, 0]
             path.append(prev)
-        return mx.stack(path, axis=1)
+        return mx.stack(path, axis=1), (mx.stack(qs, axis=1) if qs else None)
