@@ -13,7 +13,7 @@ import pytest
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.draft import DFlashDraft, load_draft, save_draft
-from dflash_tui.engine.draft_step import block_logits
+from dflash_tui.engine.draft_step import block_logits, block_proposals
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Block
 from dflash_tui.engine.loading import check_fit, load_pair, load_target
@@ -132,3 +132,21 @@ def test_dflash2_without_its_fields_is_one_line(qwen3_dirs, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="DFlash2 draft needs"):
         load_draft(str(tmp_path))
+
+
+def test_dflash2_sampled_path_follows_its_q(qwen3_dirs, tmp_path):
+    """Each drawn id comes from the q handed to rejection sampling: position 0, and position 1
+    given the commonest first draw (q of later positions hangs on the draws before)."""
+    from collections import Counter
+
+    from test_sampling import PASS, chi_square_p
+
+    draft = _dflash2_draft(qwen3_dirs, tmp_path)
+    target = load_target(str(qwen3_dirs["target"]))
+    step = block_proposals(target, draft, draft.make_cache(), 5, 4, mx.random.normal((1, 6, 3 * 64)))
+    draws = [tuple(np.array(x) for x in step.sample(1.0, mx.random.key(s))) for s in range(2000)]
+    q0 = draws[0][1][0]
+    assert chi_square_p(Counter(int(ids[0]) for ids, _ in draws), dict(enumerate(q0))) > PASS
+    top = Counter(int(ids[0]) for ids, _ in draws).most_common(1)[0][0]
+    given = [(ids, q) for ids, q in draws if ids[0] == top]
+    assert chi_square_p(Counter(int(ids[1]) for ids, _ in given), dict(enumerate(given[0][1][1]))) > PASS
