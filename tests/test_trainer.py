@@ -27,10 +27,20 @@ def _inference_block(draft: DFlashDraft, embeds: mx.array, feats: mx.array) -> m
     return draft(embeds, feats, draft.make_cache())
 
 
+REFERENCE_FEATURES = [  # the config fields the reference draft runs by (docs/draft-parity.md)
+    {},
+    dict(layer_types=["sliding_attention", "full_attention"], sliding_window=3, attention_bias=True,
+         input_embedding_scale=1.5),
+    dict(layer_types=["sliding_attention", "sliding_attention"], sliding_window=5, is_causal=False),
+    dict(is_causal=True, rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}),
+]
+
+
+@pytest.mark.parametrize("features", range(len(REFERENCE_FEATURES)))
 @pytest.mark.parametrize("anchor", [1, 7, 13])
-def test_training_forward_equals_inference_for_one_block(anchor):
+def test_training_forward_equals_inference_for_one_block(anchor, features):
     mx.random.seed(0)
-    draft = DFlashDraft(tiny_draft_config())
+    draft = DFlashDraft(tiny_draft_config(**REFERENCE_FEATURES[features]))
     mx.eval(draft.parameters())
     table = mx.random.normal((50, 32))
     tokens = mx.random.randint(4, 50, (1, 20))
@@ -44,10 +54,12 @@ def test_training_forward_equals_inference_for_one_block(anchor):
     assert mx.allclose(trained, reference, atol=1e-5).item()
 
 
-def test_blocks_do_not_see_each_other():
+@pytest.mark.parametrize("layers", [{}, dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                              sliding_window=4, attention_bias=True)])
+def test_blocks_do_not_see_each_other(layers):
     """Several blocks in one training pass each equal their own inference cycle."""
     mx.random.seed(1)
-    draft = DFlashDraft(tiny_draft_config(num_hidden_layers=3))
+    draft = DFlashDraft(tiny_draft_config(num_hidden_layers=3, **layers))
     mx.eval(draft.parameters())
     table = mx.random.normal((50, 32))
     tokens = mx.random.randint(4, 50, (2, 24))
@@ -63,12 +75,17 @@ def test_blocks_do_not_see_each_other():
 
 
 def test_block_mask_shape_and_window():
+    """Windows count from each query's own position (z-lab/dflash@07ebd93 `_attention_mask`)."""
     mask = block_mask(mx.array([[3, 6]]), context_len=8, block_size=2, window=2)
     assert mask.shape == (1, 1, 4, 12)
     rows = np.array(mask[0, 0])
-    assert rows[0, :8].tolist() == [False, True, True, False, False, False, False, False]  # ctx 1..2 before anchor 3
-    assert rows[0, 8:].tolist() == [True, True, False, False]
+    assert rows[0, :8].tolist() == [False, False, True, False, False, False, False, False]  # position 3 sees 2
+    assert rows[1, :8].tolist() == [False] * 8  # position 4 would see 3: the block's own slot, not context
+    assert rows[2, :8].tolist() == [False] * 5 + [True, False, False]
+    assert rows[0, 8:].tolist() == [True, True, False, False]  # bidirectional within the block
     assert rows[3, 8:].tolist() == [False, False, True, True]
+    causal = np.array(block_mask(mx.array([[3, 6]]), context_len=8, block_size=2, window=2, causal=True)[0, 0])
+    assert causal[0, 8:].tolist() == [True, False, False, False] and causal[1, 8:].tolist() == [True, True, False, False]
 
 
 def test_lr_schedule_warms_up_then_decays():

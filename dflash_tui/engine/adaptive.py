@@ -19,7 +19,7 @@ from typing import Optional
 import mlx.core as mx
 
 from dflash_tui.engine.draft import DFlashDraft
-from dflash_tui.engine.draft_step import block_logits
+from dflash_tui.engine.draft_step import SelectorStep, block_proposals
 from dflash_tui.engine.target import Target
 
 CANDIDATES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -41,7 +41,8 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
         block = mx.array([[1] * b])
         tic = time.perf_counter()
         if b > 1:
-            mx.eval(mx.argmax(block_logits(target, draft, dcache, 1, b, None), axis=-1))  # the loop's own draft step
+            proposed = block_proposals(target, draft, dcache, 1, b, None)  # the loop's own draft step
+            mx.eval(proposed.greedy() if isinstance(proposed, SelectorStep) else mx.argmax(proposed, axis=-1))
         target.begin_verify(cache)
         logits, f = target.forward(block, cache)
         mx.eval(logits.argmax(-1), f)

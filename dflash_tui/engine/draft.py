@@ -4,6 +4,10 @@ The draft has no embedding or head of its own: it embeds with the target's
 `embed_tokens` and reads out through the target's head. Target features from a
 few target layers are fused (`hidden_norm(fc(concat))`) and injected as extra
 keys/values in every draft layer; queries come only from the block.
+
+The forward follows z-lab's torch reference (github.com/z-lab/dflash@07ebd93,
+dflash/model.py) field by field: docs/draft-parity.md says what each config field
+does there and how tests/test_draft_parity.py holds us to it.
 """
 
 from __future__ import annotations
@@ -17,15 +21,21 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
-from mlx_lm.models.rope_utils import initialize_rope
 
 from dflash_tui.engine.checkpoint import SHARD_BYTES, save_sharded
 from dflash_tui.engine.cuda_kernels import block_attention, block_attention_fits, kernels_wanted
+from dflash_tui.engine.draft2 import CandidateSelector, GroupedDynamicConv
+from dflash_tui.engine.draft_rope import DraftRoPE, RopeConfigError, standard_rope
 from dflash_tui.errors import UserError
 
 
 class DraftLoadError(UserError):
     """A draft checkpoint is missing, malformed, or not a DFlash draft."""
+
+
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# published DFlash2 checkpoints store the selector's codebooks without the `.weight` suffix
+_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
 
 @dataclass
@@ -40,41 +50,96 @@ class DraftConfig:
     block_size: int
     mask_token_id: int
     target_layer_ids: list[int]
-    num_target_layers: int
+    num_target_layers: Optional[int] = None  # informative: only checked against the target when given
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     rope_scaling: Optional[dict[str, Any]] = None
     max_position_embeddings: int = 40960
     layer_types: list[str] = field(default_factory=list)
-    sliding_window: Optional[int] = None
+    sliding_window: Optional[int] = None  # the window of sliding_attention layers (None: no window)
+    attention_bias: bool = False  # q/k/v/o projections carry biases
+    is_causal: Optional[bool] = None  # None: causal in sliding_attention layers only (the reference's rule)
+    input_embedding_scale: float = 1.0  # times the target's raw embedding rows
+    output_multiplier: float = 1.0  # times the target head's logits
+    final_logit_softcapping: Optional[float] = None  # then cap * tanh(logits / cap)
+    # DFlash2 (`DFlash2DraftModel`): convolutions around each sublayer, a candidate selector; 0 = none
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    @property
+    def is_dflash2(self) -> bool:
+        return self.conv_kernel_size > 0
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else "full_attention"
+
+    def layer_window(self, i: int) -> Optional[int]:
+        return self.sliding_window if self.layer_type(i) == "sliding_attention" else None
+
+    def layer_causal(self, i: int) -> bool:
+        return self.layer_type(i) == "sliding_attention" if self.is_causal is None else bool(self.is_causal)
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> "DraftConfig":
+        """Read a z-lab `config.json` the way the torch reference's `Qwen3Config` reads it."""
         dcfg = cfg.get("dflash_config") or {}
-        rope = cfg.get("rope_parameters") or {}
+
+        def draft_value(name: str, default: Any = None) -> Any:
+            # the reference's `_draft_value`: dflash_config first, then the top level
+            return dcfg.get(name, cfg.get(name, default))
+
         try:
             n_layers = int(cfg["num_hidden_layers"])
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
+            theta, scaling = standard_rope(cfg)
+            max_pos = int(cfg.get("max_position_embeddings") or 32768)  # Qwen3Config's default
+            DraftRoPE(int(cfg.get("head_dim") or hidden // heads), theta, scaling, max_pos)  # refuses what it cannot run
+            window = cfg.get("sliding_window")
+            # without layer_types, Qwen3Config's rule: sliding from max_window_layers on, if use_sliding_window
+            # (it also drops the window without use_sliding_window, and then its cache cannot be built for
+            # sliding layers: the MLX reference keeps the window, and so do we)
+            sliding_from = int(cfg.get("max_window_layers", 28)) if cfg.get("use_sliding_window") and window else n_layers
+            types = cfg.get("layer_types") or [
+                "sliding_attention" if i >= sliding_from else "full_attention" for i in range(n_layers)
+            ]
+            cap = draft_value("final_logit_softcapping")
+            v2 = "DFlash2DraftModel" in (cfg.get("architectures") or [])
+            conv = [int(draft_value(k, 0)) if v2 else 0 for k in DFLASH2_FIELDS]
+            if v2 and (min(conv) <= 0 or hidden % conv[1]):
+                raise DraftLoadError("a DFlash2 draft needs dflash_config conv_kernel_size, conv_group_size "
+                                     f"(dividing hidden_size), selector_rank and selector_top_k > 0, not {conv}")
+            causal = cfg.get("is_causal")
+            n_target = cfg.get("num_target_layers")
             out = cls(
                 hidden_size=hidden,
                 num_hidden_layers=n_layers,
                 num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads", heads)),
+                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 intermediate_size=int(cfg["intermediate_size"]),
                 vocab_size=int(cfg["vocab_size"]),
-                block_size=int(cfg.get("block_size") or dcfg.get("block_size") or 16),
-                mask_token_id=int(dcfg.get("mask_token_id", cfg.get("mask_token_id"))),
-                target_layer_ids=[int(i) for i in dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))],
-                num_target_layers=int(cfg["num_target_layers"]),
+                block_size=int(draft_value("block_size") or 16),
+                mask_token_id=int(draft_value("mask_token_id")),
+                target_layer_ids=[int(i) for i in draft_value("target_layer_ids")],
+                num_target_layers=int(n_target) if n_target is not None else None,
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0),
-                rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-                layer_types=list(cfg.get("layer_types") or ["full_attention"] * n_layers),
-                sliding_window=cfg.get("sliding_window"),
+                rope_theta=theta,
+                rope_scaling=scaling,
+                max_position_embeddings=max_pos,
+                layer_types=[str(t) for t in types],
+                sliding_window=int(window) if window is not None else None,
+                attention_bias=bool(cfg.get("attention_bias", False)),
+                is_causal=bool(causal) if causal is not None else None,
+                input_embedding_scale=float(draft_value("input_embedding_scale", 1.0)),
+                output_multiplier=float(draft_value("output_multiplier", 1.0)),
+                final_logit_softcapping=float(cap) if cap is not None else None,
+                **dict(zip(DFLASH2_FIELDS, conv)),
             )
+        except RopeConfigError as exc:
+            raise DraftLoadError(str(exc)) from None
         except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
             raise DraftLoadError(f"draft config.json is missing or has a bad field: {exc}") from None
         out.check()
@@ -84,7 +149,7 @@ class DraftConfig:
         """Sizes a draft can be built with; DraftLoadError naming every one that is not."""
         sizes = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "intermediate_size", "vocab_size", "block_size", "num_target_layers")
-        bad = [k for k in sizes if getattr(self, k) < 1]
+        bad = [k for k in sizes if getattr(self, k) is not None and getattr(self, k) < 1]
         if not self.target_layer_ids:
             bad.append("target_layer_ids (empty)")
         if self.mask_token_id < 0:
@@ -93,9 +158,18 @@ class DraftConfig:
             raise DraftLoadError(f"draft config.json has bad values: {', '.join(bad)}")
 
     def to_dict(self) -> dict[str, Any]:
-        """The z-lab `config.json` layout."""
+        """The z-lab `config.json` layout (read back the same by `from_dict` and by the references)."""
+        dflash: dict[str, Any] = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        if self.input_embedding_scale != 1.0:
+            dflash["input_embedding_scale"] = self.input_embedding_scale
+        if self.output_multiplier != 1.0:
+            dflash["output_multiplier"] = self.output_multiplier
+        if self.final_logit_softcapping is not None:
+            dflash["final_logit_softcapping"] = self.final_logit_softcapping
+        if self.is_dflash2:
+            dflash.update({k: getattr(self, k) for k in DFLASH2_FIELDS})
         out: dict[str, Any] = {
-            "architectures": ["DFlashDraftModel"],
+            "architectures": ["DFlash2DraftModel" if self.is_dflash2 else "DFlashDraftModel"],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -108,17 +182,18 @@ class DraftConfig:
             "rope_theta": self.rope_theta,
             "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings,
-            "layer_types": self.layer_types,
+            "layer_types": self.layer_types or ["full_attention"] * self.num_hidden_layers,
+            "use_sliding_window": self.sliding_window is not None,
             "sliding_window": self.sliding_window,
+            "attention_bias": self.attention_bias,
             "num_target_layers": self.num_target_layers,
             "block_size": self.block_size,
-            "dflash_config": {
-                "mask_token_id": self.mask_token_id,
-                "target_layer_ids": self.target_layer_ids,
-            },
+            "dflash_config": dflash,
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
         }
+        if self.is_causal is not None:
+            out["is_causal"] = self.is_causal
         return out
 
 
@@ -142,29 +217,42 @@ def multi_query_attention(mode: str, q: mx.array, keys: mx.array, values: mx.arr
     return None
 
 
+def visible_keys(q_pos: mx.array, k_pos: mx.array, causal: bool, window: Optional[int]) -> Optional[mx.array]:
+    """[..., Lq, Lk] bool from query / key absolute positions [..., Lq] / [..., Lk]: which keys
+    each query sees; None: all of them.
+
+    The torch reference's rule (z-lab/dflash@07ebd93 `_attention_mask`): causal keeps k <= q;
+    a window W keeps q - k < W, and also k - q < W when not causal.
+    """
+    if not causal and window is None:
+        return None
+    d = q_pos[..., :, None] - k_pos[..., None, :]
+    ok = d >= 0 if causal else mx.ones(d.shape, dtype=mx.bool_)
+    if window is not None:
+        ok = ok & (d < window)
+        if not causal:
+            ok = ok & (-d < window)
+    return ok
+
+
 class DraftAttention(nn.Module):
-    def __init__(self, cfg: DraftConfig, sliding: bool):
+    def __init__(self, cfg: DraftConfig, layer_idx: int):
         super().__init__()
         self.n_heads = cfg.num_attention_heads
         self.n_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
-        self.window = cfg.sliding_window if sliding else None
+        self.window = cfg.layer_window(layer_idx)
+        self.causal = cfg.layer_causal(layer_idx)
         self.mode = default_attention_mode()  # one of ATTENTION_MODES; DFlashDraft.set_attention_mode
-        h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=False)
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, h, bias=bias)
         self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.rope = initialize_rope(
-            self.head_dim,
-            base=cfg.rope_theta,
-            traditional=False,
-            scaling_config=cfg.rope_scaling,
-            max_position_embeddings=cfg.max_position_embeddings,
-        )
+        self.rope = DraftRoPE(self.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.max_position_embeddings)
 
     def _kv(self, x: mx.array, offset: int) -> tuple[mx.array, mx.array]:
         B, L, _ = x.shape
@@ -177,6 +265,7 @@ class DraftAttention(nn.Module):
 
         The context K/V is appended to `cache` for good; the block's own K/V is
         appended too and must be trimmed by the caller once the forward is done.
+        Cache slot j holds absolute position j.
         """
         B, L, _ = x.shape
         if ctx is not None and ctx.shape[1] > 0:
@@ -187,12 +276,15 @@ class DraftAttention(nn.Module):
         q = self.rope(q, offset=start)
         kb, vb = self._kv(x, start)
         keys, values = cache.update_and_fetch(kb, vb)
-        if self.window is not None and keys.shape[2] > self.window + L:
-            keys = keys[:, :, -(self.window + L) :]
-            values = values[:, :, -(self.window + L) :]
-        out = multi_query_attention(self.mode, q, keys, values, self.scale, causal=False)
+        first, out = 0, None
+        if self.window is None:
+            out = multi_query_attention(self.mode, q, keys, values, self.scale, causal=self.causal)
+        else:
+            first = max(0, start - self.window + 1)  # no query of the block sees a key before this
+            keys, values = keys[:, :, first:], values[:, :, first:]
         if out is None:
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=None)
+            mask = visible_keys(start + mx.arange(L), first + mx.arange(keys.shape[2]), self.causal, self.window)
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
     def append_context(self, ctx: mx.array, cache: KVCache) -> None:
@@ -212,16 +304,27 @@ class DraftMLP(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    def __init__(self, cfg: DraftConfig, sliding: bool):
+    def __init__(self, cfg: DraftConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = DraftAttention(cfg, sliding)
+        self.self_attn = DraftAttention(cfg, layer_idx)
         self.mlp = DraftMLP(cfg.hidden_size, cfg.intermediate_size)
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.is_dflash2:
+            self.attention_conv = GroupedDynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
+            self.mlp_conv = GroupedDynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
     def __call__(self, x: mx.array, ctx: Optional[mx.array], cache: KVCache) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        if "attention_conv" not in self:
+            h = x + self.self_attn(self.input_layernorm(x), ctx, cache)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        # DFlash2: each sublayer's input and output pass the convolution, both kernels predicted from its input
+        a = self.input_layernorm(x)
+        k_in, k_out = self.attention_conv.kernels(a)
+        h = x + self.attention_conv.mix(self.self_attn(self.attention_conv.mix(a, k_in, 0), ctx, cache), k_out, 1)
+        m = self.post_attention_layernorm(h)
+        k_in, k_out = self.mlp_conv.kernels(m)
+        return h + self.mlp_conv.mix(self.mlp(self.mlp_conv.mix(m, k_in, 0)), k_out, 1)
 
 
 class DFlashDraft(nn.Module):
@@ -231,11 +334,22 @@ class DFlashDraft(nn.Module):
         k = len(cfg.target_layer_ids)
         self.fc = nn.Linear(k * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.layers = [
-            DraftLayer(cfg, sliding=(t == "sliding_attention"))
-            for t in (cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers)
-        ]
+        self.layers = [DraftLayer(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.is_dflash2:
+            self.candidate_selector = CandidateSelector(cfg.vocab_size, cfg.hidden_size, cfg.selector_rank,
+                                                        cfg.selector_top_k)
+
+    @property
+    def selects(self) -> bool:
+        """A DFlash2 draft: its candidate selector, not its logits' argmax, picks the proposals."""
+        return "candidate_selector" in self
+
+    def select(self, hidden: mx.array, logits: mx.array, first: mx.array, temperature: float = 0.0,
+               key: Optional[mx.array] = None) -> tuple[mx.array, Optional[mx.array]]:
+        """A DFlash2 draft's proposals [B, L] from the hidden states and logits of the proposal
+        positions and the block's first token [B]: greedy, or sampled with their q [B, L, V]."""
+        return self.candidate_selector.path(hidden, logits, first, temperature, key)
 
     @property
     def attention_mode(self) -> str:
@@ -266,13 +380,31 @@ class DFlashDraft(nn.Module):
         for layer, c in zip(self.layers, cache):
             layer.self_attn.append_context(ctx, c)
 
+    def block_input(self, block_embeds: mx.array) -> mx.array:
+        """The target's raw embedding rows of the block -> the draft's input (the reference
+        scales the rows by `input_embedding_scale` before the first layer)."""
+        h = block_embeds.astype(self.fc.weight.dtype)
+        scale = self.config.input_embedding_scale
+        return h * scale if scale != 1.0 else h
+
+    def read_out(self, logits: mx.array) -> mx.array:
+        """The target head's logits of draft hidden states -> the draft's logits: times
+        `output_multiplier`, then soft-capped (the reference's `compute_logits`)."""
+        c = self.config
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
+        if c.final_logit_softcapping is not None and c.final_logit_softcapping > 0:
+            logits = mx.tanh(logits / c.final_logit_softcapping) * c.final_logit_softcapping
+        return logits
+
     def __call__(self, block_embeds: mx.array, features: Optional[mx.array], cache: list[KVCache]) -> mx.array:
-        """Hidden states of the block [B, L, H] (before the target's head).
+        """Hidden states of the block [B, L, H] (before the target's head); `block_embeds` are
+        the target's raw embedding rows.
 
         Leaves the block's K/V in `cache`; callers trim `L` afterwards.
         """
         ctx = self.fuse(features) if features is not None and features.shape[1] > 0 else None
-        h = block_embeds.astype(self.fc.weight.dtype)
+        h = self.block_input(block_embeds)
         for layer, c in zip(self.layers, cache):
             h = layer(h, ctx, c)
         return self.norm(h)
@@ -320,6 +452,7 @@ def load_draft(path_or_repo: str, dtype: mx.Dtype = mx.bfloat16) -> DFlashDraft:
             raise DraftLoadError(f"draft weights {f.name} cannot be read (truncated or corrupt?): "
                                  f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     weights = {k.removeprefix("model."): v for k, v in weights.items()}
+    weights = {(k + ".weight" if k in _CODEBOOKS else k): v for k, v in weights.items()}
     # Some exports carry the target's embedding/head; the draft uses the target's own.
     weights = {k: v for k, v in weights.items() if not k.startswith(("embed_tokens.", "lm_head."))}
     try:
@@ -336,5 +469,7 @@ def save_draft(model: DFlashDraft, out_dir: str | Path, dtype: mx.Dtype = mx.bfl
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    save_sharded({k: v.astype(dtype) for k, v in tree_flatten(model.parameters())}, out, shard_bytes)
+    weights = {k.removesuffix(".weight") if k.removesuffix(".weight") in _CODEBOOKS else k: v.astype(dtype)
+               for k, v in tree_flatten(model.parameters())}
+    save_sharded(weights, out, shard_bytes)
     return out

@@ -29,6 +29,8 @@ def fit_checks(draft: DraftConfig, hidden_size: int, vocab_size: int, num_layers
               f"hidden size {c.hidden_size} " + ("= target's" if c.hidden_size == hidden_size else f"!= target's {hidden_size}")),
         Check("vocab size", c.vocab_size == vocab_size,
               f"vocab size {c.vocab_size} " + ("= target's" if c.vocab_size == vocab_size else f"!= target's {vocab_size}")),
+        Check("target layers", True, "num_target_layers not given (some published configs lack it)")
+        if c.num_target_layers is None else
         Check("target layers", c.num_target_layers == num_layers,
               f"num_target_layers {c.num_target_layers} " + ("=" if c.num_target_layers == num_layers else "!=")
               + f" target's {num_layers} layers"),

@@ -19,7 +19,7 @@ from dflash_tui.engine.sampling import (
     speculative_accept,
 )
 from dflash_tui.engine.adaptive import BlockSizer
-from dflash_tui.engine.draft_step import block_logits
+from dflash_tui.engine.draft_step import SelectorStep, block_proposals
 from dflash_tui.engine.state import DecodeState
 
 
@@ -35,27 +35,31 @@ class Cycle:
     rollback_ms: float
 
 
-def draft_logits(state: DecodeState, token: int, b: int) -> mx.array:
+def draft_logits(state: DecodeState, token: int, b: int) -> "mx.array | SelectorStep":
     """One draft forward over [token, MASK x (b-1)] -> the draft's logits for the b-1 proposals
-    ([b-1, V], lazy)."""
-    return block_logits(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
+    ([b-1, V], lazy); for a DFlash2 draft, the step its selector picks them from."""
+    return block_proposals(state.target, state.draft, state.draft_cache, token, b, state.take_pending())
 
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    return greedy(draft_logits(state, token, b))
+    proposed = draft_logits(state, token, b)
+    return proposed.greedy() if isinstance(proposed, SelectorStep) else greedy(proposed)
 
 
-# A proposer returns either [b-1] token ids (a deterministic draft: under
-# sampling its q is one-hot, which keeps the output exact) or [b-1, V] logits,
-# from which the loop takes the argmax or, when sampling, draws from q.
-Proposer = Callable[[DecodeState, int, int], mx.array]
+# A proposer returns [b-1] token ids (a deterministic draft: under sampling its
+# q is one-hot, which keeps the output exact), [b-1, V] logits, from which the
+# loop takes the argmax or, when sampling, draws from q, or a DFlash2 selector
+# step, which picks greedily or draws its path and gives its q.
+Proposer = Callable[[DecodeState, int, int], "mx.array | SelectorStep"]
 
 
 def _choose_proposals(
-    proposed: mx.array, sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
+    proposed: "mx.array | SelectorStep", sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
 ) -> tuple[mx.array, Optional[mx.array]]:
     """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
+    if isinstance(proposed, SelectorStep):
+        return (proposed.greedy(), None) if sampling is None else proposed.sample(sampling.temperature, keys.next())
     if proposed.ndim == 1:
         return proposed, None
     if sampling is None:

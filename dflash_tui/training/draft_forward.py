@@ -1,10 +1,11 @@
 """The draft's training forward: many blocks per sequence in one pass, with an explicit mask.
 
-Uses the very modules of `DFlashDraft` (its projections, norms, RoPE), so what
-trains is what runs. Block j sits at positions anchor_j .. anchor_j + B - 1 and
-sees the injected context of the tokens before anchor_j, plus itself
-bidirectionally, and nothing of the other blocks: exactly what one inference
-cycle at that anchor sees.
+Uses the very modules of `DFlashDraft` (its projections, norms, RoPE, input
+scale and logit read-out), so what trains is what runs. Block j sits at
+positions anchor_j .. anchor_j + B - 1 and sees the injected context of the
+tokens before anchor_j, plus itself, each layer's causality and window applied
+on absolute positions, and nothing of the other blocks: exactly what one
+inference cycle at that anchor sees.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from dflash_tui.engine.draft import DFlashDraft, DraftAttention, DraftLayer
+from dflash_tui.engine.draft import DFlashDraft, DraftAttention, DraftLayer, visible_keys
+from dflash_tui.errors import UserError
 
 
 def block_tokens(tokens: mx.array, anchors: mx.array, block_size: int, mask_token_id: int) -> mx.array:
@@ -25,17 +27,22 @@ def block_tokens(tokens: mx.array, anchors: mx.array, block_size: int, mask_toke
     return mx.concatenate([first, masks], axis=-1).reshape(B, K * block_size)
 
 
-def block_mask(anchors: mx.array, context_len: int, block_size: int, window: Optional[int] = None) -> mx.array:
-    """[B, 1, K*bs, L + K*bs] bool: context before the block's anchor, and the block itself."""
+def block_mask(anchors: mx.array, context_len: int, block_size: int, window: Optional[int] = None,
+               causal: bool = False) -> mx.array:
+    """[B, 1, K*bs, L + K*bs] bool: each block sees the context before its anchor and itself,
+    each query within that as the layer decides (`visible_keys`: causal, window)."""
     B, K = anchors.shape
     n = K * block_size
     owner = mx.arange(n) // block_size  # which block each query/key slot belongs to
-    q_anchor = mx.repeat(anchors, block_size, axis=1)[:, :, None]  # [B, n, 1]
-    pos = mx.arange(context_len)[None, None, :]
-    ctx = pos < q_anchor
-    if window is not None:
-        ctx = ctx & (pos >= q_anchor - window)
+    q_anchor = mx.repeat(anchors, block_size, axis=1)  # [B, n]
+    q_pos = q_anchor + mx.arange(n)[None] % block_size  # each slot's absolute position
+    pos = mx.arange(context_len)
+    ctx = pos[None, None, :] < q_anchor[:, :, None]
     own = mx.broadcast_to((owner[:, None] == owner[None, :])[None], (B, n, n))
+    rule_ctx = visible_keys(q_pos, mx.broadcast_to(pos[None], (B, context_len)), causal, window)
+    rule_own = visible_keys(q_pos, q_pos, causal, window)
+    if rule_ctx is not None:
+        ctx, own = ctx & rule_ctx, own & rule_own
     return mx.concatenate([ctx, own], axis=-1)[:, None]
 
 
@@ -89,15 +96,17 @@ def train_hidden(draft: DFlashDraft, block_embeds: mx.array, features: mx.array,
     block_embeds: [B, K*bs, H] embedded `block_tokens`; features: [B, L, k*H]
     target features of the whole sequence; anchors: [B, K] block start positions.
     """
+    if draft.config.is_dflash2:  # its convolutions run along each block: this forward would mix blocks
+        raise UserError("training a DFlash2 draft is not supported (DFlash drafts only)")
     bs = block_embeds.shape[1] // anchors.shape[1]
     ctx = draft.fuse(features)
-    h = block_embeds.astype(draft.fc.weight.dtype)
-    masks: dict[Optional[int], mx.array] = {}
+    h = draft.block_input(block_embeds)
+    masks: dict[tuple[Optional[int], bool], mx.array] = {}
     for layer in draft.layers:
-        window = layer.self_attn.window
-        if window not in masks:
-            masks[window] = block_mask(anchors, features.shape[1], bs, window)
-        h = _layer(layer, h, ctx, anchors, masks[window], bs)
+        rule = (layer.self_attn.window, layer.self_attn.causal)
+        if rule not in masks:
+            masks[rule] = block_mask(anchors, features.shape[1], bs, *rule)
+        h = _layer(layer, h, ctx, anchors, masks[rule], bs)
     return draft.norm(h)
 
 
@@ -114,7 +123,7 @@ def block_loss(draft: DFlashDraft, head, embed, tokens: mx.array, features: mx.a
     blocks = block_tokens(tokens, anchors, bs, draft.config.mask_token_id)
     hidden = train_hidden(draft, embed(blocks), features, anchors)
     hidden = hidden.reshape(B, K, bs, -1)[:, :, 1:]
-    logits = head(hidden).astype(mx.float32)  # [B, K, bs-1, V]
+    logits = draft.read_out(head(hidden)).astype(mx.float32)  # [B, K, bs-1, V]
     k = mx.arange(1, bs)
     where = anchors[..., None] + k  # [B, K, bs-1]
     valid = where < lengths[:, None, None]
