@@ -178,6 +178,9 @@ QWEN35_35B = qwen3_5(12, heads=8, kv=1, head_dim=16, tie=False, experts=64, top_
 Q35_ROPE = {"rope_parameters": {"rope_theta": 10000000, "rope_type": "default"}, "vocab_size": 248320,
             "max_position_embeddings": 262144}
 
+QWEN36_27B_DRAFT = table_draft(5, 5120, 17408, 32, 8, block=16, sliding=4, window=2048, ids=[1, 16, 31, 46, 61],
+                               n_target=64, **Q35_ROPE)
+
 FAMILIES: list[Family] = [
     Family("qwen3-4b", QWEN3_4B, 36,
            real_draft("Qwen3-4B-DFlash-b16", num_hidden_layers=5, layer_types=_sliding(5, 0), num_attention_heads=32,
@@ -200,9 +203,7 @@ FAMILIES: list[Family] = [
     Family("qwen3.5-122b-a10b", qwen3_5(16, heads=16, kv=1, head_dim=16, tie=False, experts=64, top_k=8, linear_v_heads=8), 48,
            table_draft(6, 3072, 9216, 32, 8, block=16, sliding=5, window=4096, ids=[1, 7, 14, 20, 26, 32, 39, 45],
                        n_target=48, **Q35_ROPE), "table", dtype="float32"),
-    Family("qwen3.6-27b", QWEN35_27B, 64,
-           table_draft(5, 5120, 17408, 32, 8, block=16, sliding=4, window=2048, ids=[1, 16, 31, 46, 61], n_target=64,
-                       **Q35_ROPE), "table"),
+    Family("qwen3.6-27b", QWEN35_27B, 64, QWEN36_27B_DRAFT, "table"),
     Family("qwen3.6-35b-a3b", QWEN35_35B, 40,
            table_draft(6, 2048, 6144, 32, 8, block=16, sliding=5, window=4096, ids=[1, 6, 11, 16, 22, 27, 32, 37],
                        n_target=40, **Q35_ROPE), "table", dtype="float32"),
@@ -228,7 +229,8 @@ FAMILIES: list[Family] = [
            table_draft(5, 2816, 5632, 32, 8, block=16, sliding=4, window=2048, ids=[1, 6, 11, 17, 22, 27], n_target=30,
                        vocab_size=262144), "table", dtype="float32"),
     Family("qwen3-8b-4bit", QWEN3_8B, 36, real_draft("Qwen3-8B-DFlash-b16"), "published config", quantize=True),
-    Family("qwen3.5-4b-4bit", QWEN35_4B, 32, Q35_4B, "published config (current)", quantize=True),
+    Family("qwen3.6-27b-4bit", qwen3_5(8, heads=6, kv=1, head_dim=32, tie=False, linear_v_heads=6), 64,
+           QWEN36_27B_DRAFT, "table", quantize=True),
 ]
 
 BY_NAME = {f.name: f for f in FAMILIES}

@@ -150,8 +150,8 @@ def test_second_turn_past_the_window_reuses_the_cache(gpt_oss):
 
 def test_qwen3_next_needs_its_gated_deltanet_rollback(tmp_path_factory, tokenizer_dir, monkeypatch):
     rep = replica("qwen3-coder-next", tmp_path_factory.mktemp("qwen3_next"), tokenizer_dir)
-    tokens, ref, _ = scheduled_run(rep.dirs, rep.vanilla, [4], n=24)
+    tokens, ref, _ = scheduled_run(rep.dirs, rep.vanilla, [4], n=16)
     assert tokens == ref
     monkeypatch.setattr(gdn_tape, "restore", lambda cache, keep: gdn_tape.disarm(cache))  # the planted bug
-    tokens, ref, _ = scheduled_run(rep.dirs, rep.vanilla, [4], n=24)
+    tokens, ref, _ = scheduled_run(rep.dirs, rep.vanilla, [4], n=16)
     assert tokens != ref
