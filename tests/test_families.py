@@ -5,7 +5,9 @@ accepts from an oracle draft: mlx-lm's own tokens with planted errors) and over 
 The reference is always a separate, untouched `mlx_lm.load` of the replica's directory. Prompt
 plus reply run past the replicas' 16-token sliding windows.
 
-Not testable here: nothing; Gemma 4 runs through mlx-lm's gemma4 model class.
+Every family is testable here (mlx-lm 0.32 has gemma4 and qwen3_next). The two gpt-oss families
+load only once the draft loader reads `attention_bias` (their published drafts carry q/k/v/o
+biases); test_family_rollback.py checks the gpt-oss target side without it.
 """
 
 from __future__ import annotations
