@@ -21,8 +21,10 @@ _NEG_INF = float("-inf")
 
 
 def greedy(logits: mx.array) -> mx.array:
-    """argmax over the last axis."""
-    return mx.argmax(logits, axis=-1)
+    """mlx-lm's greedy choice: argmax of the log-probabilities, in the logits' dtype. In bf16,
+    `logits - logsumexp` can round two close logits to one value, and mlx-lm then takes the
+    lower id where argmax of the logits would take the higher."""
+    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
 
 
 def accept_greedy(drafted: list[int], posterior: list[int]) -> int:

@@ -9,6 +9,7 @@ untouched layers.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -16,6 +17,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from dflash_tui.engine.draft import ATTENTION_MODES, default_attention_mode, multi_query_attention
+from dflash_tui.engine.window_cache import WindowKVCache
 
 _capturing_classes: dict[type, type] = {}
 PIPELINE_TOKENS = 16  # forwards this short (cycles, not prefill) are evaluated layer group by layer group
@@ -73,11 +75,12 @@ def _capturing_class(cls: type) -> type:
 
         def __call__(self, *args, **kwargs):
             out = cls.__call__(self, *args, **kwargs)
+            h = out[0] if isinstance(out, tuple) else out  # Gemma 4 layers also return their K/V
             sink = self._dflash_sink
             if sink is not None:  # armed only inside Target.forward: plain mlx-lm calls capture nothing
-                sink.append(out)
+                sink.append(h)
             if self._dflash_flush:
-                mx.async_eval(out)
+                mx.async_eval(h)
             return out
 
         _capturing_classes[cls] = type(f"Capturing{cls.__name__}", (cls,), {"__call__": __call__})
@@ -184,9 +187,18 @@ class Target:
         return self.backbone.embed_tokens(tokens)
 
     def head(self, h: mx.array) -> mx.array:
-        if self.args.tie_word_embeddings:
-            return self.backbone.embed_tokens.as_linear(h)
-        return self.lm.lm_head(h)
+        """Logits as the model's own `__call__` reads them out: its `lm_head` where it has one
+        (mlx-lm builds it only for an untied head; gpt-oss always), else the tied embedding,
+        then the final logit soft-capping where the model has it (Gemma)."""
+        lm_head = getattr(self.lm, "lm_head", None)
+        logits = lm_head(h) if lm_head is not None else self.backbone.embed_tokens.as_linear(h)
+        cap = getattr(self.lm, "final_logit_softcapping", None)
+        if cap is None:
+            cap = getattr(self.args, "final_logit_softcapping", None)
+        if cap:
+            softcap = getattr(sys.modules.get(type(self.lm).__module__), "logit_softcap", None)  # the model's own op
+            logits = softcap(cap, logits) if softcap is not None else mx.tanh(logits / cap) * cap
+        return logits
 
     def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
         """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
@@ -202,7 +214,8 @@ class Target:
         return self.head(h), feats
 
     def make_cache(self) -> list[Any]:
-        return make_prompt_cache(self.model)
+        # sliding-window layers get a cache that rolls back exactly (window_cache.py)
+        return [WindowKVCache(c.max_size) if WindowKVCache.replaces(c) else c for c in make_prompt_cache(self.model)]
 
     # -- rollback ----------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
@@ -219,8 +232,14 @@ class Target:
         """Roll a cache holding `length` tokens back to its first `keep`; returns what was kept."""
         if keep >= length:
             return length
-        if not all(c.is_trimmable() for c in cache):
+        if not all(_can_trim(c, length - keep) for c in cache):
             return -1  # caller must start from an empty cache
         for c in cache:
             c.trim(length - keep)
         return keep
+
+
+def _can_trim(cache: Any, n: int) -> bool:
+    """Whether this layer cache can drop its last `n` tokens exactly."""
+    can = getattr(cache, "can_trim", None)
+    return can(n) if can is not None else cache.is_trimmable()
