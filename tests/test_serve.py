@@ -28,8 +28,9 @@ def server(qwen3_dirs):
             "--max-queue", "2", "--max-tokens-limit", str(LONG), "--max-request-bytes", "65536", "--log-level", "warning"]
     with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
         yield s
+        assert s.stop() == 0  # Ctrl-C: a clean stop
         log = s.log()
-    assert "Traceback" not in log, log
+    assert "Traceback" not in log and "stopped" in log, log
 
 
 @pytest.fixture(scope="module")
