@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from dflash_tui.engine.events import Block, Done, Error, Prefill, event_to_dict
+from dflash_tui.engine.events import Block, Done, Prefill, event_to_dict
 from dflash_tui.server import openai_format as fmt
 from dflash_tui.server.engine_thread import END, EngineGone, EngineThread, Job, QueueFull
 from dflash_tui.server.metrics import ServerMetrics
@@ -129,7 +129,11 @@ def build_app(cfg: ServerConfig) -> Starlette:
             prompt = await run_in_threadpool(prompt_ids, cfg.engine, req.messages)
         except RequestError as exc:
             return error(exc.status, exc.message, exc.kind, exc.param, exc.code)
-        job = Job(prompt, req.settings(cfg.limits.block_size), asyncio.get_running_loop())
+        settings = req.settings(cfg.limits.block_size)
+        room = context_room(cfg.engine, len(prompt))
+        if room is not None:  # the reply stops at the end of the model's context ("length")
+            settings.max_tokens = min(settings.max_tokens, room)
+        job = Job(prompt, settings, asyncio.get_running_loop())
         try:
             cfg.engine.submit(job)
         except QueueFull:
@@ -257,6 +261,14 @@ def prompt_ids(engine: EngineThread, messages: list[dict[str, str]]) -> list[int
         raise RequestError(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens",
                            param="messages", code="context_length_exceeded")
     return prompt
+
+
+def context_room(engine: EngineThread, prompt_tokens: int) -> Optional[int]:
+    """Tokens left in the model's context after the prompt; None if the context is unknown."""
+    from dflash_tui.engine.conversation import context_length
+
+    limit = context_length(engine.conversation.target)
+    return None if limit is None else max(1, limit - prompt_tokens)
 
 
 async def events(job: Job) -> AsyncIterator[Any]:
