@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sessions": ("dflash_tui.commands.sessions", "list, show, export or delete saved sessions"),
     "train-draft": ("dflash_tui.commands.train_draft", "train a DFlash draft for a target"),
     "doctor": ("dflash_tui.commands.doctor", "which draft a model gets, whether the pair fits, and in how much memory"),
+    "serve": ("dflash_tui.commands.serve", "an OpenAI-compatible HTTP server with per-request DFlash figures"),
 }
 
 

@@ -1,0 +1,292 @@
+"""`dflash-tui serve` for real: a server process on localhost, driven by the official openai client."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import time
+from urllib.parse import urlparse
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from dflash_tui.engine.events import Block, Done, Prefill, event_from_dict  # noqa: E402
+from dflash_tui.server.launch import ServerProcess  # noqa: E402
+
+KEY = "test-key-123"
+PROMPT = "Write a function that reverses a list"
+LONG = 20000  # more than the tiny target ever writes before its EOS: a request that runs for seconds
+
+
+@pytest.fixture(scope="module")
+def server(qwen3_dirs):
+    args = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--api-key", KEY,
+            "--max-queue", "2", "--max-tokens-limit", str(LONG), "--max-request-bytes", "65536", "--log-level", "warning"]
+    with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
+        yield s
+        assert s.stop() == 0  # Ctrl-C: a clean stop
+        log = s.log()
+    assert "Traceback" not in log and "stopped" in log, log
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def raw(server, method: str, path: str, body=None, headers=None) -> tuple[int, dict, str]:
+    """One plain HTTP request: (status, headers, body text)."""
+    url = urlparse(server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    conn.request(method, path, body=data, headers={"Authorization": f"Bearer {KEY}", **(headers or {})})
+    r = conn.getresponse()
+    text = r.read().decode("utf-8", "replace")
+    conn.close()
+    return r.status, dict(r.getheaders()), text
+
+
+def metric(server, name: str, labels: str = "") -> float:
+    _, _, text = raw(server, "GET", "/metrics")
+    pattern = rf"^dflash:{re.escape(name)}\{{[^}}]*{re.escape(labels)}[^}}]*\}} (\S+)$"
+    found = re.findall(pattern, text, re.M)
+    return sum(float(v) for v in found)
+
+
+def cli_generate(dirs, *extra: str) -> Done:
+    """`dflash-tui generate --json` on the same pair: its Done event."""
+    out = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", PROMPT, "--model", str(dirs["target"]),
+                          "--draft", str(dirs["draft"]), "--json", *extra],
+                         capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    for k in ("tokens_per_cycle", "acceptance", "tok_per_s"):
+        last.pop(k, None)
+    return event_from_dict(last)
+
+
+def idle(server) -> bool:
+    """Nothing running or waiting (a request cut by a stop string finishes its cycle after the reply)."""
+    health = json.loads(raw(server, "GET", "/health")[2])
+    return health["running"] == 0 and health["waiting"] == 0
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# -- endpoints ---------------------------------------------------------------
+def test_health_models_and_api_key(server, client):
+    status, _, body = raw(server, "GET", "/health", headers={"Authorization": ""})
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    assert [m.id for m in client.models.list().data] == ["target"]  # the directory's name, never its path
+    bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    status, _, _ = raw(server, "GET", "/metrics", headers={"Authorization": "Bearer wrong"})
+    assert status == 401
+
+
+def test_greedy_equals_generate_plain_streamed_and_block_events(qwen3_dirs, server, client):
+    ref = cli_generate(qwen3_dirs, "--max-tokens", "40")
+    messages = [{"role": "user", "content": PROMPT}]
+    plain = client.chat.completions.create(model="target", messages=messages, max_tokens=40)
+    assert plain.choices[0].message.content == ref.text
+    assert plain.choices[0].finish_reason == ref.finish_reason == "length"
+    assert plain.usage.completion_tokens == len(ref.tokens) == 40
+    spec = plain.model_extra["metrics"]["speculative_decoding"]
+    assert spec["num_spec_tokens"] == 15 and spec["num_spec_steps"] == ref.stats["cycles"]
+    assert sum(spec["acceptance_histogram"]) == spec["num_spec_steps"]
+    by_length = spec["acceptance_histogram_by_draft_length"]  # near max_tokens the engine drafts fewer
+    assert spec["num_draft_tokens"] == sum(int(k) * sum(v) for k, v in by_length.items())
+    assert spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"] == pytest.approx(ref.stats["acceptance"])
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"])
+
+    # streamed, with the block extension: the same text, and the engine's own events rebuilt exactly
+    chunks = list(client.chat.completions.create(
+        model="target", messages=messages, max_tokens=40, stream=True, stream_options={"include_usage": True},
+        extra_body={"dflash": {"blocks": True, "detailed": True}}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ref.text
+    events = [event_from_dict(c.model_extra["dflash"]["event"]) for c in chunks if (c.model_extra or {}).get("dflash")]
+    assert isinstance(events[0], Prefill) and isinstance(events[-1], Done)
+    blocks = [e for e in events if isinstance(e, Block)]
+    assert [t for b in blocks for t in b.emitted[: b.reply_tokens]] == ref.tokens == events[-1].tokens
+    assert "".join(b.text for b in blocks) == ref.text[: len("".join(b.text for b in blocks))]
+    with_texts = [c.model_extra["dflash"] for c in chunks if (c.model_extra or {}).get("dflash", {}).get("drafted_text") is not None]
+    assert all(len(d["drafted_text"]) == len(d["event"]["drafted"]) for d in with_texts)
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "length"
+    detailed = finish[0].model_extra["metrics"]["speculative_decoding"]
+    assert detailed["per_step_drafted"] == [len(b.drafted) for b in blocks if b.drafted]
+    assert detailed["per_step_accepted"] == [b.accepted for b in blocks if b.drafted]
+    assert chunks[-1].usage.completion_tokens == 40 and chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+    # streamed without the extension: plain OpenAI chunks, same text
+    plain_stream = client.chat.completions.create(model="target", messages=messages, max_tokens=40, stream=True)
+    chunks = list(plain_stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ref.text
+    assert not any((c.model_extra or {}).get("dflash") for c in chunks)
+
+
+def test_seeded_sampling_equals_generate(qwen3_dirs, client):
+    ref = cli_generate(qwen3_dirs, "--max-tokens", "30", "--temperature", "0.9", "--top-k", "50", "--seed", "1234")
+    ask = dict(model="target", messages=[{"role": "user", "content": PROMPT}], max_tokens=30, temperature=0.9,
+               seed=1234, extra_body={"top_k": 50})
+    first = client.chat.completions.create(**ask)
+    assert first.choices[0].message.content == ref.text
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**ask, stream=True))
+    assert streamed == ref.text
+    other = client.chat.completions.create(**{**ask, "seed": 99})
+    assert other.choices[0].message.content != ref.text
+
+
+def test_stop_strings(qwen3_dirs, client):
+    messages = [{"role": "user", "content": PROMPT}]
+    full = client.chat.completions.create(messages=messages, model="target", max_tokens=40).choices[0].message.content
+    stop = full[12:15]
+    expected = full[: full.find(stop)]
+    cut = client.chat.completions.create(messages=messages, model="target", max_tokens=40, stop=[stop, "\u0000never"])
+    assert cut.choices[0].message.content == expected and cut.choices[0].finish_reason == "stop"
+    streamed = list(client.chat.completions.create(messages=messages, model="target", max_tokens=40, stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_cache_reuse_and_metrics(server, client):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "one two three"}]
+    assert wait_for(lambda: idle(server))
+    before = {n: metric(server, n) for n in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+                                             "spec_decode_num_accepted_tokens_total", "generation_tokens_total")}
+    a = client.chat.completions.create(model="target", messages=messages, max_tokens=8)
+    b = client.chat.completions.create(model="target", messages=messages, max_tokens=8)
+    assert b.usage.prompt_tokens_details.cached_tokens == b.usage.prompt_tokens - 1  # all but the one token to prefill
+    messages[-1]["content"] = "four five"
+    c = client.chat.completions.create(model="target", messages=messages, max_tokens=8)
+    assert 0 < c.usage.prompt_tokens_details.cached_tokens < c.usage.prompt_tokens  # the shared system part
+    spec = [r.model_extra["metrics"]["speculative_decoding"] for r in (a, b, c)]
+    pairs = {"spec_decode_num_drafts_total": "num_spec_steps", "spec_decode_num_draft_tokens_total": "num_draft_tokens",
+             "spec_decode_num_accepted_tokens_total": "num_accepted_draft_tokens"}
+    for counter, field in pairs.items():  # the server's counters move by what the responses reported
+        assert metric(server, counter) - before[counter] == sum(s[field] for s in spec), counter
+    assert metric(server, "generation_tokens_total") - before["generation_tokens_total"] == 24
+    _, headers, text = raw(server, "GET", "/metrics")
+    assert headers["content-type"].startswith("text/plain")
+    for name in ("time_to_first_token_seconds_count", "request_decode_tokens_per_second_count", "num_requests_waiting",
+                 'spec_decode_num_accepted_tokens_per_pos_total{model_name="target",position="14"}'):
+        assert "dflash:" + name in text
+
+
+# -- hostile input -------------------------------------------------------------
+BAD_BODIES = [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[" * 20000 + b"]" * 20000, 400, "not valid JSON"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', 400, "not valid Unicode"),
+    (b"\xff\xfe garbage", 400, "not valid JSON"),
+    (b"", 400, "empty"),
+    (json.dumps([1, 2]).encode(), 400, "JSON object"),
+    (json.dumps({"messages": []}).encode(), 400, "non-empty list"),
+    (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "content must be"),
+    (json.dumps({"messages": [{"role": "tool", "content": "x"}]}).encode(), 400, "role must be"),
+    (json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).encode(), 400, "text content"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": -5}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**30}).encode(), 400, "at most"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}).encode(), 400, "max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, "temperature"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": 7}).encode(), 400, "temperature"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": 0}).encode(), 400, "top_p"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": "1"}).encode(), 400, "seed"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 9}).encode(), 400, "stop"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "'n'"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(), 400, "tools"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"blocks": True}}).encode(), 400, "stream"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"load": "/etc/passwd"}}).encode(), 400, "dflash"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "model": "/etc/passwd"}).encode(), 404, "does not load"),
+    (b'{"messages": "' + b"x" * 70000 + b'"}', 413, "larger than"),
+]
+
+
+@pytest.mark.parametrize("body,status,words", BAD_BODIES, ids=range(len(BAD_BODIES)))
+def test_bad_requests_get_one_clear_error(server, body, status, words):
+    got, headers, text = raw(server, "POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+    assert got == status, text
+    message = json.loads(text)["error"]["message"]
+    assert words in message and "Traceback" not in text and "\n" not in message
+
+
+def test_client_errors_through_openai(client):
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=0)
+    with pytest.raises(openai.NotFoundError, match="does not load other models"):
+        client.chat.completions.create(model="some/other-model", messages=[{"role": "user", "content": "x"}])
+    # escape sequences are text like any other
+    ok = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "\x1b[2J\x1b]0;x\x07\u009b"}], max_tokens=3)
+    assert ok.usage.completion_tokens == 3
+
+
+# -- disconnects and the queue ---------------------------------------------------
+def _open_stream(client, content: str):
+    return client.chat.completions.create(model="target", messages=[{"role": "user", "content": content}],
+                                          max_tokens=LONG, stream=True)
+
+
+def _first_text(stream) -> None:
+    for c in stream:
+        if c.choices and c.choices[0].delta.content:
+            return
+
+
+def test_disconnect_cancels_generation(server, client):
+    cancelled = metric(server, "request_success_total", 'finished_reason="cancelled"')
+    tokens = metric(server, "generation_tokens_total")
+    stream = _open_stream(client, "hello")
+    _first_text(stream)
+    stream.close()
+    assert wait_for(lambda: metric(server, "request_success_total", 'finished_reason="cancelled"') == cancelled + 1)
+    assert metric(server, "generation_tokens_total") - tokens < 200  # the tiny target writes 400+ tokens to this prompt
+    assert idle(server)
+
+
+def test_disconnect_cancels_a_plain_request_too(server):
+    cancelled = metric(server, "request_success_total", 'finished_reason="cancelled"')
+    url = urlparse(server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    body = json.dumps({"messages": [{"role": "user", "content": "hello"}], "max_tokens": LONG})
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert wait_for(lambda: json.loads(raw(server, "GET", "/health")[2])["running"] == 1)
+    conn.close()  # hang up without reading the answer
+    assert wait_for(lambda: metric(server, "request_success_total", 'finished_reason="cancelled"') == cancelled + 1, 5)
+    assert idle(server)
+
+
+def test_queue_limit_is_429_with_a_message(server, client):
+    running = _open_stream(client, "hello")
+    _first_text(running)
+    waiting = [_open_stream(client, "hello again"), _open_stream(client, "and again")]
+    assert wait_for(lambda: json.loads(raw(server, "GET", "/health")[2])["waiting"] == 2)
+    with pytest.raises(openai.RateLimitError, match="2 requests are already waiting"):
+        client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert metric(server, "requests_rejected_total", 'reason="queue_full"') == 1
+    for s in (*waiting, running):
+        s.close()
+    assert wait_for(lambda: idle(server))
+    # and the server still serves
+    after = client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    assert after.usage.completion_tokens == 2
+
+
+# -- safe defaults ---------------------------------------------------------------
+def test_other_host_needs_an_api_key(qwen3_dirs):
+    out = subprocess.run([sys.executable, "-m", "dflash_tui", "serve", "--model", str(qwen3_dirs["target"]), "--host", "0.0.0.0"],
+                         capture_output=True, text=True, timeout=60, env={**__import__("os").environ, "DFLASH_TUI_API_KEY": ""})
+    assert out.returncode == 1
+    assert "--api-key" in out.stderr and "--insecure" in out.stderr and "Traceback" not in out.stderr
