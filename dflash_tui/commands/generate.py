@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from typing import TYPE_CHECKING, Optional
 
-from dflash_tui.commands.common import add_model_arguments, add_sampling_arguments, resolve_pair, settings_from_args
+from dflash_tui.commands.common import (
+    add_distributed_arguments,
+    add_model_arguments,
+    add_sampling_arguments,
+    ranks_from_args,
+    resolve_pair,
+    settings_from_args,
+)
 from dflash_tui.errors import UserError
 from dflash_tui.printable import printable
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.distributed import Ranks
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +31,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--system", metavar="S", help="a system message")
     parser.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     parser.add_argument("--json", action="store_true", help="one JSON object per event on stdout")
+    add_distributed_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    ranks = ranks_from_args(args)
+    if ranks is None or ranks.is_leader:
+        return _run(args, ranks)
+    try:  # a follower runs the same loop and prints nothing: rank 0 says what went wrong
+        _run(args, ranks)
+    except UserError as exc:
+        raise SystemExit(exc.exit_code) from None
+    return 0
+
+
+def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     from dflash_tui.engine.conversation import Conversation
     from dflash_tui.engine.events import Block, Done, Error, Prefill, event_to_dict
     from dflash_tui.engine.loading import load_pair
@@ -34,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("the prompt is empty")
     settings = settings_from_args(args, baseline=args.baseline)
     model, draft = resolve_pair(args)
-    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks)
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
-    out = sys.stdout
+    if ranks is not None:
+        conv.ranks = ranks
+        settings.seed = ranks.shared_seed(settings.seed)  # sampling draws the same on every rank
+    quiet = ranks is not None and not ranks.is_leader
+    out = open(os.devnull, "w") if quiet else sys.stdout
+    err = out if quiet else sys.stderr
     # on a terminal the model's text cannot drive it (ESC, C1 shown as pictures); a pipe or file gets it exact
     shown = printable if out.isatty() else str
     for event in conv.generate(prompt, settings):
@@ -59,10 +88,11 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(event, Done):
             out.write("\n")
             s = event.stats
+            where = f", {s['ranks']} ranks {s['parallel']} parallel, comm {s['comm_ms']:.1f} ms" if "ranks" in s else ""
             print(
                 f"[{s['generated_tokens']} tokens, {s['decode_tps']:.1f} tok/s, "
-                f"{s['tokens_per_cycle']:.2f} tokens/cycle, acceptance {s['acceptance']:.0%}, {event.finish_reason}]",
-                file=sys.stderr,
+                f"{s['tokens_per_cycle']:.2f} tokens/cycle, acceptance {s['acceptance']:.0%}{where}, {event.finish_reason}]",
+                file=err,
             )
         elif isinstance(event, Prefill):
             pass

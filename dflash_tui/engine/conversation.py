@@ -10,11 +10,13 @@ import mlx.core as mx
 
 from dflash_tui.engine.adaptive import CANDIDATES, BlockSizer, measure_costs
 from dflash_tui.engine.baseline import baseline_cycles
+from dflash_tui.engine.distributed import Ranks, rank_lost
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
 from dflash_tui.engine.loading import Pair
 from dflash_tui.engine.sampling import KeyStream, SamplingConfig, sample
 from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_logits
 from dflash_tui.engine.state import DecodeState
+from dflash_tui.errors import UserError
 
 CancelFn = Callable[[], bool]
 
@@ -84,6 +86,7 @@ class Conversation:
         self.use_chat_template = use_chat_template and getattr(self.tokenizer, "chat_template", None) is not None
         self.state = DecodeState(pair.target, pair.draft)
         self.propose: Proposer = draft_logits  # swappable, e.g. for an oracle in tests
+        self.ranks: Optional[Ranks] = None  # set when the target is sharded over ranks: every cycle is checked
         self._sizer: Optional[BlockSizer] = None
         self.messages: list[dict[str, str]] = []
         self.system = system
@@ -152,11 +155,18 @@ class Conversation:
             self.state.reset()
             if owns_user_message:
                 self.messages.pop()  # the turn never happened: sending it again must not double it
-            yield Error(f"generation failed: {type(exc).__name__}: {exc}")
+            yield Error(self._failure(exc))
             return
         if record:
             self.messages.append({"role": "assistant", "content": done.text})
         yield done
+
+    def _failure(self, exc: Exception) -> str:
+        if isinstance(exc, UserError):  # the ranks disagree, or one is gone
+            return str(exc)
+        if self.ranks is not None and isinstance(exc, RuntimeError):  # a collective failed: a rank died
+            return str(rank_lost(exc))
+        return f"generation failed: {type(exc).__name__}: {exc}"
 
     def _decode(self, prompt: list[int], settings: GenerationSettings, sampling: SamplingConfig, should_cancel: CancelFn):
         state = self.state
@@ -169,6 +179,10 @@ class Conversation:
         # one explicit key per turn: a seed reproduces the turn whatever else runs in the process
         keys = None if sampling.is_greedy else KeyStream(settings.seed)
         mx.reset_peak_memory()
+        ranks = self.ranks
+        comm_before, checks_before = (ranks.comm_ms, ranks.checks) if ranks is not None else (0.0, 0)
+        if ranks is not None:
+            ranks.beat()
 
         # reuse what the caches already hold; at least one token must be prefilled
         cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
@@ -205,6 +219,8 @@ class Conversation:
             return detok.text[before:]
 
         first = int(sample(logits, sampling, keys.next() if keys is not None else None).item())
+        if ranks is not None:
+            ranks.agree(0, [first])
         kept, text, finished = emit([first])
         tokens.extend(kept)
         first_at = last_at = time.perf_counter()  # decode speed: the first token to the last
@@ -218,6 +234,8 @@ class Conversation:
                 if use_draft
                 else baseline_cycles(state, first, remaining, should_cancel, sampling, keys)
             )
+            if ranks is not None:
+                cycles = ranks.checked(cycles)
             for cyc in cycles:
                 kept, text, finished = emit(cyc.emitted)
                 tokens.extend(kept)
@@ -272,4 +290,6 @@ class Conversation:
             "temperature": sampling.temperature,
             "seed": keys.seed if keys is not None else None,  # the seed actually used: an unseeded run can be redone
         }
+        if ranks is not None:
+            stats.update(ranks.stats(), comm_ms=ranks.comm_ms - comm_before, agreement_checks=ranks.checks - checks_before)
         return Done(tokens=tokens, text=detok.text, finish_reason=finish, stats=stats)

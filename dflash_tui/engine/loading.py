@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import mlx.core as mx
 
@@ -13,6 +13,9 @@ from dflash_tui.engine.draft import DFlashDraft, load_draft
 from dflash_tui.engine.registry import draft_for
 from dflash_tui.engine.target import Target
 from dflash_tui.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.distributed import Ranks
 
 ProgressFn = Callable[[str, float], None]
 
@@ -81,15 +84,22 @@ def fetch(repo: str, patterns: list[str], report: ProgressFn, stage: str, lo: fl
         raise UserError(f"could not fetch {repo} from the Hugging Face hub: {msg}") from None
 
 
-def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None) -> Target:
-    """The target through `mlx_lm.load`, run by mlx-lm's own code."""
+def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None,
+                ranks: Optional["Ranks"] = None) -> Target:
+    """The target through `mlx_lm.load`, run by mlx-lm's own code; with `ranks`, through
+    mlx-lm's `sharded_load`, this rank's shard of it (engine/distributed.py)."""
     import mlx_lm
 
     source = target_source(model)
-    if progress is not None and source == model and _looks_like_repo_id(model):
+    if progress is not None and source == model and _looks_like_repo_id(model) and ranks is None:
         source = fetch(model, TARGET_FILES, progress, "downloading target", 0.0, 0.4)
     try:
-        lm, tokenizer = mlx_lm.load(source, trust_remote_code=trust_remote_code)
+        if ranks is not None:
+            from dflash_tui.engine.distributed import load_sharded
+
+            lm, tokenizer = load_sharded(source, ranks.kind, ranks.group, trust_remote_code=trust_remote_code)
+        else:
+            lm, tokenizer = mlx_lm.load(source, trust_remote_code=trust_remote_code)
     except UserError:
         raise
     except Exception as exc:  # mlx-lm raises many kinds for a bad model; the user needs one line
@@ -129,6 +139,7 @@ def load_pair(
     progress: Optional[ProgressFn] = None,
     draft_dtype: mx.Dtype = mx.bfloat16,
     require_draft: bool = True,
+    ranks: Optional["Ranks"] = None,
 ) -> Pair:
     """Load target and draft for inference; `draft=None` looks the target up in the registry."""
     report = progress or (lambda stage, frac: None)
@@ -137,7 +148,7 @@ def load_pair(
     if draft_name is None and require_draft:
         raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
     report("loading target", 0.0)
-    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress)
+    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress, ranks=ranks)
     dmodel = None
     if draft_name is not None:
         if progress is not None and _looks_like_repo_id(draft_name):

@@ -189,9 +189,14 @@ class Target:
     def head(self, h: mx.array) -> mx.array:
         """Logits as the model's own `__call__` reads them out: its `lm_head` where it has one
         (mlx-lm builds it only for an untied head; gpt-oss always), else the tied embedding,
-        then the final logit soft-capping where the model has it (Gemma)."""
+        gathered over the ranks where mlx-lm's `shard()` split it over the vocabulary, then the final logit soft-capping where the model has it (Gemma)."""
         lm_head = getattr(self.lm, "lm_head", None)
         logits = lm_head(h) if lm_head is not None else self.backbone.embed_tokens.as_linear(h)
+        group = getattr(self.lm, "sharding_group", None)
+        if lm_head is not None and group is not None:  # mlx-lm's tensor parallel splits the head over the vocab
+            from mlx_lm.models.base import gather_last_axis
+
+            logits = gather_last_axis(logits, group)
         cap = getattr(self.lm, "final_logit_softcapping", None)
         if cap is None:
             cap = getattr(self.args, "final_logit_softcapping", None)

@@ -1,0 +1,192 @@
+"""DFlash with the target sharded over several ranks by mlx-lm (`mx.distributed`).
+
+Every rank loads the target through `mlx_lm.utils.sharded_load` (tensor
+parallel: `Model.shard()`; pipeline: `Model.model.pipeline()`) and a full copy
+of the small draft, and runs the same decode loop. The sharded target's layer
+outputs are all-reduced inside mlx-lm's own layers ("sharded-to-all" linears),
+so the captured features are full hidden states on every rank; a vocab-sharded
+head is gathered in `Target.head`. So every rank makes the same accept
+decision, and `Ranks.agree` checks that it did: once per cycle an all_sum of
+(accepted, emitted tokens' digest); a rank whose values differ from the mean
+stops every rank with one error.
+
+A rank that dies surfaces as a RuntimeError of the ring backend in the next
+collective; a rank that hangs (or a host that stops answering) would block the
+others forever, since MLX has no timeout on collectives: a watchdog thread
+ends the process with one line when no cycle completes within `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import mlx.core as mx
+
+from dflash_tui.errors import UserError
+
+KINDS = ("tensor", "pipeline")
+DIGEST_MOD = 1_000_003  # keeps digest * ranks inside int32
+
+
+class DistributedError(UserError):
+    """The ranks disagree, or one is gone: the run cannot go on."""
+
+
+def init_group() -> mx.distributed.Group:
+    """The group mlx.launch set up; one clear error outside it."""
+    try:
+        group = mx.distributed.init(strict=True)
+    except Exception as exc:  # no backend configured: not started by mlx.launch
+        raise UserError(f"--distributed needs to run under mlx.launch (no distributed backend: {exc})") from None
+    if group.size() < 2:
+        raise UserError("--distributed needs at least 2 ranks (mlx.launch -n 2 or a hostfile)")
+    return group
+
+
+def digest(tokens: list[int]) -> int:
+    return sum((i + 1) * (t + 1) for i, t in enumerate(tokens)) % DIGEST_MOD
+
+
+@dataclass
+class Ranks:
+    """This process's place among the ranks, and the per-cycle check and its costs."""
+
+    group: Any
+    kind: str = "tensor"
+    timeout_s: float = 120.0
+    checks: int = 0
+    comm_ms: float = 0.0  # total time of the agreement all_sums (one network round each)
+    _watchdog: Optional["Watchdog"] = field(default=None, repr=False)
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank()
+
+    @property
+    def size(self) -> int:
+        return self.group.size()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+    def all_sum(self, values: list[int]) -> list[int]:
+        out = mx.distributed.all_sum(mx.array(values, dtype=mx.int32), group=self.group, stream=mx.cpu)
+        mx.eval(out)
+        return out.tolist()
+
+    def agree(self, accepted: int, tokens: list[int]) -> None:
+        """All ranks must have accepted the same number of the same tokens."""
+        local = [accepted, len(tokens), digest(tokens)]
+        tic = time.perf_counter()
+        try:
+            total = self.all_sum(local)
+        except RuntimeError as exc:
+            raise rank_lost(exc) from None
+        self.comm_ms += (time.perf_counter() - tic) * 1e3
+        self.checks += 1
+        if total != [v * self.size for v in local]:
+            raise DistributedError(
+                f"the ranks disagree at check {self.checks + 1}: rank {self.rank} accepted {accepted} of "
+                f"{len(tokens)} tokens, the {self.size} ranks' sum is {total[0]}; stopping all ranks"
+            )
+
+    def shared_seed(self, seed: Optional[int]) -> int:
+        """One seed for every rank: rank 0's when none was given (so sampling agrees)."""
+        if seed is not None:
+            return seed
+        mine = random.getrandbits(30) if self.is_leader else 0
+        return self.all_sum([mine])[0]
+
+    def checked(self, cycles: Iterator[Any]) -> Iterator[Any]:
+        """The cycles, each checked for agreement; a lost rank becomes one DistributedError."""
+        try:
+            while True:
+                self.beat()
+                try:
+                    cyc = next(cycles)
+                except StopIteration:
+                    return
+                except RuntimeError as exc:
+                    raise rank_lost(exc) from None
+                self.agree(cyc.accepted, cyc.emitted)
+                yield cyc
+        finally:
+            close = getattr(cycles, "close", None)
+            if close is not None:
+                close()
+
+    # -- watchdog ------------------------------------------------------------
+    def start_watchdog(self, out: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+        if self._watchdog is None and self.timeout_s > 0:
+            self._watchdog = Watchdog(self.timeout_s, self.rank, out)
+            self._watchdog.start()
+
+    def beat(self, grace: float = 0.0) -> None:
+        """Progress: the next must come within timeout_s (+ grace, e.g. for loading)."""
+        if self._watchdog is not None:
+            self._watchdog.beat(grace)
+
+    def idle(self) -> None:
+        """Waiting for work (a follower between requests) is not a hang."""
+        if self._watchdog is not None:
+            self._watchdog.pause()
+
+    def stats(self) -> dict[str, Any]:
+        return {"ranks": self.size, "parallel": self.kind, "comm_ms": self.comm_ms, "agreement_checks": self.checks}
+
+
+def rank_lost(exc: BaseException) -> DistributedError:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return DistributedError(f"a rank is gone or unreachable ({first}); stopping")
+
+
+class Watchdog(threading.Thread):
+    """Ends the process with one line when no beat came for `timeout_s` (a hung collective)."""
+
+    def __init__(self, timeout_s: float, rank: int, out: Callable[[str], None]):
+        super().__init__(name="dflash-rank-watchdog", daemon=True)
+        self.timeout_s = timeout_s
+        self.rank = rank
+        self.out = out
+        self.deadline: Optional[float] = None  # None: paused
+        self.lock = threading.Lock()
+
+    def beat(self, grace: float = 0.0) -> None:
+        with self.lock:
+            self.deadline = time.monotonic() + self.timeout_s + grace
+
+    def pause(self) -> None:
+        with self.lock:
+            self.deadline = None
+
+    def run(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout_s / 4))
+            with self.lock:
+                late = self.deadline is not None and time.monotonic() > self.deadline
+            if late:
+                if self.rank == 0:
+                    self.out(f"dflash-tui: no answer from the other ranks for {self.timeout_s:g} s "
+                             "(a rank hung or a host is unreachable); stopping")
+                os._exit(1)
+
+
+def load_sharded(source: str, kind: str, group: Any, trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) through mlx-lm's `sharded_load`, sharded the way `kind` says."""
+    from mlx_lm.utils import sharded_load
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown parallelism {kind!r}")
+    kwargs = {"pipeline_group": group} if kind == "pipeline" else {"tensor_group": group}
+    try:
+        return sharded_load(source, trust_remote_code=trust_remote_code, **kwargs)
+    except (ValueError, AssertionError) as exc:  # "does not support tensor parallelism", heads not divisible...
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None
