@@ -46,6 +46,7 @@ def ranks_from_args(args: argparse.Namespace):
 
     ranks = Ranks(init_group(), kind="pipeline" if args.pipeline else "tensor", timeout_s=args.rank_timeout)
     ranks.start_watchdog()
+    ranks.stop_on_sigterm()
     ranks.beat(grace=10 * args.rank_timeout)  # loading too: a rank that never loads must not hang the others
     return ranks
 

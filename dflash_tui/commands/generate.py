@@ -36,13 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     ranks = ranks_from_args(args)
-    if ranks is None or ranks.is_leader:
+    if ranks is None:
         return _run(args, ranks)
-    try:  # a follower runs the same loop and prints nothing: rank 0 says what went wrong
-        _run(args, ranks)
+    try:
+        return _run(args, ranks)
     except UserError as exc:
-        raise SystemExit(exc.exit_code) from None
-    return 0
+        ranks.failed = True
+        if ranks.is_leader:
+            raise
+        raise SystemExit(exc.exit_code) from None  # a follower prints nothing: rank 0 says what went wrong
 
 
 def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:

@@ -183,6 +183,7 @@ class Conversation:
         comm_before, checks_before = (ranks.comm_ms, ranks.checks) if ranks is not None else (0.0, 0)
         if ranks is not None:
             ranks.beat()
+            ranks.settle()
 
         # reuse what the caches already hold; at least one token must be prefilled
         cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -62,6 +63,7 @@ class Ranks:
     timeout_s: float = 120.0
     checks: int = 0
     comm_ms: float = 0.0  # total time of the agreement all_sums (one network round each)
+    failed: bool = False  # set once this rank reports (or is stopped by) a failure
     _watchdog: Optional["Watchdog"] = field(default=None, repr=False)
 
     @property
@@ -97,6 +99,15 @@ class Ranks:
                 f"{len(tokens)} tokens, the {self.size} ranks' sum is {total[0]}; stopping all ranks"
             )
 
+    def settle(self) -> None:
+        """Wait for anything still running on mlx-lm's generation stream: its `stream_generate`
+        leaves the next step's forward in flight, and collectives of two streams running at once
+        pair up wrongly across the ranks (the sums mix, the ranks silently diverge)."""
+        from mlx_lm.generate import generation_stream
+
+        mx.synchronize(generation_stream)
+        mx.synchronize()
+
     def shared_seed(self, seed: Optional[int]) -> int:
         """One seed for every rank: rank 0's when none was given (so sampling agrees)."""
         if seed is not None:
@@ -121,6 +132,19 @@ class Ranks:
             close = getattr(cycles, "close", None)
             if close is not None:
                 close()
+
+    # -- ending ----------------------------------------------------------------
+    def stop_on_sigterm(self) -> None:
+        """mlx.launch ends the other ranks with SIGTERM when one exits: turn that into one
+        DistributedError (one line on rank 0) instead of a silent death."""
+
+        def handler(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            if not self.failed:  # a rank already on its way out with its own line says nothing more
+                self.failed = True
+                raise DistributedError("stopped by mlx.launch: another rank exited (killed, or failed first)")
+
+        signal.signal(signal.SIGTERM, handler)
 
     # -- watchdog ------------------------------------------------------------
     def start_watchdog(self, out: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:

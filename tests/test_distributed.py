@@ -1,0 +1,142 @@
+"""DFlash with the target sharded over 2 real mlx.launch ranks (ring backend, localhost, CPU).
+
+Each test starts `mlx.launch --backend ring -n 2` on tiny real-format pairs;
+the ranks load the target with mlx-lm's own `sharded_load` (tensor parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import _build_pair
+
+REPO = Path(__file__).resolve().parent.parent
+RANK_SCRIPT = Path(__file__).resolve().parent / "distributed_rank.py"
+LAUNCH = Path(sys.executable).parent / "mlx.launch"
+
+pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
+
+
+def launch(argv: list[str], pid_dir: Path, timeout: float = 120) -> tuple[str, str]:
+    """Run argv on 2 local ranks; (stdout, stderr). Any rank left behind is ended by its pid."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    port = random.randrange(20000, 60000, 2)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--", sys.executable, *argv]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=1)
+                return out, err
+            except subprocess.TimeoutExpired:
+                pass
+            # rank 0 gone (it reported): a stopped rank would keep the launcher waiting, end it
+            if not alive(pid_dir / "rank0.pid") or time.monotonic() > deadline:
+                end_ranks(pid_dir)
+                if time.monotonic() > deadline:
+                    proc.kill()
+    finally:
+        end_ranks(pid_dir)
+
+
+def alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (FileNotFoundError, ValueError):
+        return True  # not started yet
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def end_ranks(pid_dir: Path) -> None:
+    """SIGKILL the rank processes this test started (by the pids they wrote)."""
+    for f in pid_dir.glob("rank*.pid"):
+        try:
+            os.kill(int(f.read_text()), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def rank_results(out: str) -> dict[int, dict]:
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    return {d["rank"]: d for d in lines}
+
+
+def our_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("dflash-tui:")]
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
+    return _build_pair(tmp_path_factory.mktemp("qwen3_5_dist"), "qwen3_5", seed=0)
+
+
+@pytest.mark.parametrize("kind", ["attention", "hybrid"])
+def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, qwen3_dirs, hybrid_dirs, tmp_path):
+    dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
+    out, err = launch([str(RANK_SCRIPT), "--target", str(dirs["target"]), "--draft", str(dirs["draft"]),
+                       "--max-tokens", "24", "--pid-dir", str(tmp_path)], tmp_path)
+    results = rank_results(out)
+    assert sorted(results) == [0, 1], err[-2000:]
+    for rank, res in results.items():
+        ref = res["reference"]
+        assert len(ref) == 24
+        for name in ("draft4", "oracle4", "oracle16"):
+            run = res["runs"][name]
+            assert run["tokens"] == ref, f"rank {rank} {name}"
+            assert run["ranks"] == 2 and run["comm_ms"] > 0
+            assert run["checks"] == len(run["blocks"]) + 1  # every cycle and the first token were checked
+        partial = [a for b, a in res["runs"]["oracle4"]["blocks"] + res["runs"]["oracle16"]["blocks"] if 0 < a < b]
+        assert partial, "the oracle runs must include partial accepts"
+        assert {b for b, _ in res["runs"]["oracle16"]["blocks"]} >= {15}
+    assert results[0]["runs"]["sampled"]["tokens"] == results[1]["runs"]["sampled"]["tokens"]
+    assert results[0]["runs"]["sampled"]["tokens"] != results[0]["reference"]  # it did sample
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("disagree", "the ranks disagree"),
+    ("kill", ("a rank is gone or unreachable", "another rank exited")),
+    ("hang", "no answer from the other ranks for 3 s"),
+])
+def test_a_failing_rank_ends_the_run_with_one_line(fault, says, qwen3_dirs, tmp_path):
+    out, err = launch([str(RANK_SCRIPT), "--target", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
+                       "--max-tokens", "12", "--blocks", "4", "--fault", fault, "--timeout", "3",
+                       "--pid-dir", str(tmp_path)], tmp_path, timeout=60)
+    assert rank_results(out) == {}
+    lines = our_lines(err)
+    assert len(lines) == 1, err[-2000:]
+    assert any(text in lines[0] for text in ((says,) if isinstance(says, str) else says)), lines[0]
+
+
+def test_generate_cli_distributed_prints_on_rank_0_only(qwen3_dirs, tmp_path):
+    out, err = launch(["-m", "dflash_tui", "generate", "hello there", "--model", str(qwen3_dirs["target"]),
+                       "--draft", str(qwen3_dirs["draft"]), "--max-tokens", "12", "--block-size", "4",
+                       "--distributed", "--json"], tmp_path)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    done = [e for e in events if e.get("type") == "done"]
+    assert len(done) == 1, (out[-2000:], err[-2000:])  # rank 1 printed nothing
+    stats = done[0]["stats"]
+    assert stats["ranks"] == 2 and stats["parallel"] == "tensor" and stats["agreement_checks"] >= 2
+    assert len(done[0]["tokens"]) == 12
+
+
+def test_distributed_outside_mlx_launch_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "hi", "--demo", "--distributed"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MLX_")})
+    assert proc.returncode != 0
+    assert our_lines(proc.stderr) == [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "mlx.launch" in proc.stderr
