@@ -1,7 +1,7 @@
 """DFlash with the target sharded over several ranks by mlx-lm (`mx.distributed`).
 
 Every rank loads the target through `mlx_lm.utils.sharded_load` (tensor
-parallel: `Model.shard()`; pipeline: `Model.model.pipeline()`) and a full copy
+parallel: `Model.shard()`) and a full copy
 of the small draft, and runs the same decode loop. The sharded target's layer
 outputs are all-reduced inside mlx-lm's own layers ("sharded-to-all" linears),
 so the captured features are full hidden states on every rank; a vocab-sharded
@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from dflash_tui.errors import UserError
 
-KINDS = ("tensor", "pipeline")
+KINDS = ("tensor",)  # pipeline parallel (Model.model.pipeline()) is not supported yet: docs/distributed.md
 DIGEST_MOD = 1_000_003  # keeps digest * ranks inside int32
 
 
@@ -208,9 +208,8 @@ def load_sharded(source: str, kind: str, group: Any, trust_remote_code: bool = F
 
     if kind not in KINDS:
         raise ValueError(f"unknown parallelism {kind!r}")
-    kwargs = {"pipeline_group": group} if kind == "pipeline" else {"tensor_group": group}
     try:
-        return sharded_load(source, trust_remote_code=trust_remote_code, **kwargs)
+        return sharded_load(source, trust_remote_code=trust_remote_code, tensor_group=group)
     except (ValueError, AssertionError) as exc:  # "does not support tensor parallelism", heads not divisible...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None
