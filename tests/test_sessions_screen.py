@@ -105,7 +105,7 @@ async def test_rename_and_delete_with_confirmation(tmp_path):
         await pilot.pause()
         assert not store.path_for("s2").exists()
         assert app.screen.query_one(DataTable).row_count == 2
-        assert sorted(p.name for p in store.root.iterdir()) == ["s0.json", "s1.json"]
+        assert sorted(p.name for p in store.root.glob("*.json")) == ["s0.json", "s1.json"]
 
 
 async def test_exports_markdown_and_json(tmp_path):
@@ -116,7 +116,8 @@ async def test_exports_markdown_and_json(tmp_path):
         await pilot.press("m", "j")
         await pilot.pause()
     md = (tmp_path / "exports" / "s0.md").read_text()
-    assert md.startswith("# session number 0") and "## Assistant" in md and "tokens/cycle" in md
+    assert md.startswith("---\ntitle: \"session number 0\"") and "\n# session number 0\n" in md
+    assert "## Assistant" in md and "tokens/cycle" in md
     assert SessionStore(tmp_path / "x").load(tmp_path / "exports" / "s0.json").id == "s0"
 
 
