@@ -48,7 +48,12 @@ _TABLES = {
 _FTS_SHADOWS = {f"texts_{s}" for s in ("data", "idx", "content", "docsize", "config")}
 _COLUMNS = ("id, title, target, draft, created, updated, messages, turns, branches, generated_tokens, "
             "tokens_per_cycle")
-_KINDS = (str, str, str, (str, type(None)), str, str, int, int, int, int, (float, type(None)))
+# rows whose values are not of their column's kind (STRICT tables keep them out; a file made by hand might not)
+_BAD_ROWS = ("SELECT count(*) FROM sessions WHERE typeof(id) != 'text' OR typeof(title) != 'text' "
+             "OR typeof(target) != 'text' OR typeof(draft) NOT IN ('text', 'null') OR typeof(created) != 'text' "
+             "OR typeof(updated) != 'text' OR typeof(messages) != 'integer' OR typeof(turns) != 'integer' "
+             "OR typeof(branches) != 'integer' OR typeof(generated_tokens) != 'integer' "
+             "OR typeof(tokens_per_cycle) NOT IN ('real', 'null')")
 
 
 T = TypeVar("T")
@@ -270,38 +275,40 @@ class SessionIndex:
     def problems(self, conn: sqlite3.Connection) -> list[str]:
         return [p for (p,) in conn.execute("SELECT problem FROM files WHERE problem IS NOT NULL ORDER BY name")]
 
-    def search(self, conn: sqlite3.Connection, text: str) -> list[SearchHit]:
+    def search(self, conn: sqlite3.Connection, text: str, snippets: int = 0) -> list[SearchHit]:
         """Sessions whose title or any message holds every word of `text` (as a word prefix, case and
-        accents ignored), newest first; text with no letter or digit is looked for as it is."""
+        accents ignored), newest first; text with no letter or digit is looked for as it is. The first
+        `snippets` hits get the text around the match (the rest ""): a snippet costs a read of the text."""
         columns = ", ".join(f"s.{c.strip()}" for c in _COLUMNS.split(","))
+        join = f"SELECT {columns} FROM texts JOIN sessions s ON s.rowid = texts.rowid"
+        order = "ORDER BY s.updated DESC, s.id DESC"
         query = fts_query(text)
         if query is not None:
-            rows = conn.execute(f"SELECT {columns}, snippet(texts, 1, '', '', '…', 12) FROM texts "
-                                "JOIN sessions s ON s.rowid = texts.rowid WHERE texts MATCH ? "
-                                "ORDER BY s.updated DESC, s.id DESC", (query,)).fetchall()
+            summaries = self._summaries(conn.execute(f"{join} WHERE texts MATCH ? {order}", (query,)))
         elif text.strip():
             needle = text.strip()
-            rows = conn.execute(f"SELECT {columns}, '' FROM texts JOIN sessions s ON s.rowid = texts.rowid "
-                                "WHERE instr(texts.title, ?) > 0 OR instr(texts.body, ?) > 0 "
-                                "ORDER BY s.updated DESC, s.id DESC", (needle, needle)).fetchall()
+            rows = conn.execute(f"{join} WHERE instr(texts.title, ?) > 0 OR instr(texts.body, ?) > 0 {order}",
+                                (needle, needle))
+            summaries = self._summaries(rows)
         else:
-            return [SearchHit(s, "") for s in self.summaries(conn)]
-        summaries = self._summaries(row[:-1] for row in rows)
-        return [SearchHit(s, row[-1] if isinstance(row[-1], str) else "") for s, row in zip(summaries, rows)]
+            summaries = self.summaries(conn)
+        found: dict[str, str] = {}
+        first = [s.id for s in summaries[:snippets]]
+        if query is not None and first:
+            marks = ", ".join("?" * len(first))
+            found = dict(conn.execute("SELECT s.id, snippet(texts, 1, '', '', '…', 12) FROM texts JOIN sessions s "
+                                      f"ON s.rowid = texts.rowid WHERE texts MATCH ? AND s.id IN ({marks})",
+                                      (query, *first)))
+        return [SearchHit(s, found.get(s.id) or "") for s in summaries]
 
     def _summaries(self, rows) -> list[SessionSummary]:
-        out, labels = [], {}
-        for row in rows:
-            if len(row) != len(_KINDS) or not all(isinstance(v, k) for v, k in zip(row, _KINDS)):
-                raise IndexUnusable("a row of the wrong kind")
-            target = row[2]
+        prefix, labels, out = str(self.root) + os.sep, {}, []
+        for (sid, title, target, draft, created, updated, messages, turns, branches, tokens, tpc) in rows:
             label = labels.get(target)
             if label is None:
                 label = labels[target] = model_label(target)
-            out.append(SessionSummary(id=row[0], title=row[1], target=target, draft=row[3], created=row[4],
-                                      updated=row[5], messages=row[6], turns=row[7], generated_tokens=row[9],
-                                      tokens_per_cycle=row[10], path=str(self.root / f"{row[0]}.json"),
-                                      model=label, branches=row[8]))
+            out.append(SessionSummary(sid, title, target, draft, created, updated, messages, turns, tokens, tpc,
+                                      prefix + sid + ".json", label, branches))
         return out
 
 
@@ -321,6 +328,8 @@ def _check_layout(conn: sqlite3.Connection) -> None:
             raise IndexUnusable(f"an unexpected {kind} {name}")
     if dict(conn.execute("SELECT key, value FROM meta")) != _meta():
         raise IndexUnusable("another version")
+    if conn.execute(_BAD_ROWS).fetchone() != (0,):
+        raise IndexUnusable("a row of the wrong kind")
 
 
 def _is_corrupt(exc: sqlite3.Error) -> bool:

@@ -198,11 +198,12 @@ class SessionStore:
         found = self._index(lambda conn: (index.summaries(conn), index.problems(conn)))
         return found if found is not None else ([], [])
 
-    def search(self, text: str, refresh: bool = True) -> tuple[list[SearchHit], list[str]]:
+    def search(self, text: str, refresh: bool = True, snippets: int = 0) -> tuple[list[SearchHit], list[str]]:
         """Sessions whose title or messages (every branch) hold every word of `text`, newest first, and the
-        files that could not be read. `refresh=False`: the index as the last use left it (a filter as you type)."""
+        files that could not be read. `refresh=False`: the index as the last use left it (a filter as you
+        type); the first `snippets` hits come with the text around the match."""
         index = SessionIndex(self.root)
-        found = self._index(lambda conn: (index.search(conn, text), index.problems(conn)), refresh)
+        found = self._index(lambda conn: (index.search(conn, text, snippets), index.problems(conn)), refresh)
         return found if found is not None else ([], [])
 
     def delete(self, session_id: str) -> Path:

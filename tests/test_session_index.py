@@ -171,7 +171,8 @@ def test_search_by_title_and_text_quoting_query_syntax(tmp_path):
         assert set(found) <= {"alpha-1", "alpha-2", "beta-1", "gamma-1"}, hostile
     assert ids("parse OR sort") == []  # "or" is a word here, found nowhere
     assert fts_query('say "hi"') == '"say"* AND """hi"""*'
-    hit = store.search("ISO")[0][0]
+    assert store.search("ISO")[0][0].snippet == ""  # snippets only when asked for
+    hit = store.search("ISO", snippets=1)[0][0]
     assert "ISO date" in hit.snippet
 
 

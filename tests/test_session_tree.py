@@ -206,6 +206,9 @@ async def test_replay_plays_the_branch_in_view_of_a_saved_tree(tmp_path, monkeyp
     replayed = started[0]
     assert _texts(replayed) == ["be brief", "q1", "a1", "q2", "a2"]
 
+    from dflash_tui.demo import demo_draft_path, demo_target_path
+
+    replayed.target, replayed.draft = str(demo_target_path()), str(demo_draft_path())
     app = ReplayApp(replayed, speed=float("inf"))
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause(0.3)
@@ -217,3 +220,4 @@ async def test_replay_plays_the_branch_in_view_of_a_saved_tree(tmp_path, monkeyp
         assert shown == ["be brief", "q1", "a1", "q2", "a2"]
         rows = screen.acceptance.query_one("AcceptanceRows").rows
         assert "".join(b.text for b in rows) == "a2"  # the last reply's cycles: a2's, not a sibling's
+        assert (screen.meter.state.target, screen.meter.state.draft) == ("demo (offline)", "demo (offline)")

@@ -157,3 +157,38 @@ async def test_the_chat_app_replays_a_saved_session_and_comes_back(tmp_path, mon
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is main
+
+
+async def test_slash_searches_titles_and_messages_as_you_type(tmp_path):
+    from dflash_tui.demo import demo_target_path
+
+    store = _store(tmp_path)
+    s1 = store.load("s1")
+    s1.add_message("user", "what about zebras?")
+    s1.target = str(demo_target_path())  # the demo pair: its name, not where it is installed
+    store.save(s1)
+    s0 = store.load("s0")
+    s0.title = "Quokka facts"
+    store.save(s0)
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one(DataTable)
+        models = {str(table.get_row_at(r)[0]): str(table.get_row_at(r)[1]) for r in range(table.row_count)}
+        assert models["session number 1"] == "demo (offline)" and models["session number 2"].startswith("tiny-qwen3")
+        await pilot.press("slash", *"zebra")
+        await pilot.pause()
+        assert [s.id for s in screen.summaries] == ["s1"] and table.row_count == 1  # a message's text
+        await pilot.press(*["backspace"] * 5, *"quokka")
+        await pilot.pause()
+        assert [s.id for s in screen.summaries] == ["s0"]  # a title; "q" typed here does not close the screen
+        await pilot.press(*["backspace"] * 6, *"nothing-like-it")
+        await pilot.pause()
+        assert screen.summaries == [] and "No session holds" in str(screen.query_one("#sessions-empty").render())
+        await pilot.press("escape")  # clears the search
+        await pilot.pause()
+        assert table.row_count == 3 and app.screen is screen
+        await pilot.press("slash", *"zeb", "enter", "enter")  # Enter goes to the list, Enter opens
+        await pilot.pause()
+    assert app.results[-1][0] == "open" and app.results[-1][1].id == "s1"

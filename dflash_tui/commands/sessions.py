@@ -14,6 +14,7 @@ from dflash_tui.errors import UserError
 from dflash_tui.printable import one_line, printable, terminal_json
 
 SESSION_HELP = "an id, a unique prefix of one, or a path to a session file"
+SNIPPETS = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object: folder, sessions and unreadable files")
     p = sub.add_parser("search", help="sessions whose title or messages hold every word of TEXT")
     p.add_argument("text", metavar="TEXT", help="words (each matches as a word prefix; case and accents ignored)")
-    p.add_argument("--json", action="store_true", help="one JSON object: the sessions found, with a snippet each")
+    p.add_argument("--json", action="store_true", help="one JSON object: the sessions found")
+    p.add_argument("--snippets", type=int, default=SNIPPETS, metavar="N",
+                   help=f"show the words in context for the newest N found (default {SNIPPETS})")
     p = sub.add_parser("show", help="one session's messages (the branch in view) and figures")
     p.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     p.add_argument("--json", action="store_true", help="the session file's JSON")
@@ -68,7 +71,7 @@ def _list(store, args) -> int:
 
 
 def _search(store, args) -> int:
-    hits, problems = store.search(args.text)
+    hits, problems = store.search(args.text, snippets=max(0, args.snippets))
     if args.json:
         found = [dict(h.summary.to_dict(), snippet=h.snippet) for h in hits]
         print(terminal_json(json.dumps({"folder": str(store.root), "query": args.text, "sessions": found,
