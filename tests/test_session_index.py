@@ -269,3 +269,19 @@ def test_a_session_listed_while_it_is_saved_threads(tmp_path):
     for t in threads:
         t.join(60)
     assert not errors
+
+
+def test_the_index_benchmark_runs_on_a_few_sessions(tmp_path, capsys):
+    """The benchmark's mechanics on 30 small sessions (the 10,000-session figures are in docs/sessions.md)."""
+    from dflash_tui.bench import sessions_index as bench
+
+    assert bench.main(["--sessions", "30", "--kb", "4", "--repeat", "1", "--dir", str(tmp_path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sessions"] == 30 and report["search_hits"]["zebra"] == 1  # one session in a hundred, from the 8th
+    assert all(0 < report["search_hits"][q] <= 30 for q in ("python", "parse dat"))
+    for key in ("read_every_file_s", "list_cold_s", "list_warm_s", "list_one_changed_s", "search_cold_s",
+                "cli_list_warm_s", "cli_search_warm_s"):
+        assert 0 < report[key] < 60, key
+    assert set(report["search_warm_s"]) == {"python", "zebra", "parse dat"}
+    summaries, problems = SessionStore(tmp_path / "sessions").list()  # every synthetic file is a valid session
+    assert len(summaries) == 30 and not problems and summaries[0].turns >= 2
