@@ -192,3 +192,27 @@ async def test_slash_searches_titles_and_messages_as_you_type(tmp_path):
         await pilot.press("slash", *"zeb", "enter", "enter")  # Enter goes to the list, Enter opens
         await pilot.pause()
     assert app.results[-1][0] == "open" and app.results[-1][1].id == "s1"
+
+
+async def test_a_long_list_fills_a_page_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr("dflash_tui.ui.sessions_screen.PAGE_ROWS", 4)
+    monkeypatch.setattr("dflash_tui.ui.sessions_screen.MORE_AT", 1)
+    store = SessionStore(tmp_path / "sessions")
+    store.root.mkdir(parents=True)
+    base = json.loads(TRACE_SESSION.read_text())
+    for i in range(10):
+        data = dict(base, id=f"p{i}", title=f"page {i}", updated=f"2025-02-{i + 1:02d}T10:00:00+00:00")
+        (store.root / f"p{i}.json").write_text(json.dumps(data))
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        counts = [table.row_count]
+        for _ in range(3):
+            await pilot.press("ctrl+end")
+            await pilot.pause()
+            counts.append(table.row_count)
+        assert counts == [4, 8, 10, 10] and table.cursor_row == 9
+        await pilot.press("enter")
+        await pilot.pause()
+    assert app.results[-1][1].id == "p0"  # the oldest, reached through the pages

@@ -23,6 +23,8 @@ from dflash_tui.sessions import Session, SessionError, SessionStore, SessionSumm
 from dflash_tui.ui.plain_notify import PlainNotify
 
 Result = Optional[tuple[str, Session]]
+PAGE_ROWS = 200  # rows added at a time
+MORE_AT = 20  # the next page comes when the cursor is this close to the last row shown
 
 
 def local_time(stamp: str) -> str:
@@ -158,14 +160,9 @@ class SessionsScreen(PlainNotify, Screen[Result]):
             self.summaries, self.problems = self.store.list()
         table = self.table
         table.clear()
-        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
-        title_width = max(12, (self.size.width or 100) - 60)
-        for s in self.summaries:
-            title = _cut(one_line(s.title or "untitled"), title_width)
-            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
-            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
-            cells = (title, _cut(one_line(s.model), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
-            table.add_row(*(plain(c) for c in cells), key=s.id)
+        ids = [s.id for s in self.summaries]
+        at = ids.index(keep) if keep in ids else 0
+        self._add_rows(at + PAGE_ROWS)
         empty = not self.summaries
         table.display = not empty
         notice = self.query_one("#sessions-empty", Static)
@@ -177,10 +174,27 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         if self.problems:
             lines = [f"{len(self.problems)} file(s) skipped (left as they are):"] + [f"  {p}" for p in self.problems]
             problems.update(printable("\n".join(lines)))
-        if keep is not None:
-            ids = [s.id for s in self.summaries]
-            if keep in ids:
-                table.move_cursor(row=ids.index(keep))
+        if at:
+            table.move_cursor(row=at)
+
+    def _add_rows(self, upto: int) -> None:
+        """Rows for the summaries up to `upto` (a page at a time: a table of 10,000 rows takes seconds to fill)."""
+        table = self.table
+        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
+        title_width = max(12, (self.size.width or 100) - 60)
+        for s in self.summaries[table.row_count:upto]:
+            title = _cut(one_line(s.title or "untitled"), title_width)
+            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
+            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
+            cells = (title, _cut(one_line(s.model), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
+            table.add_row(*(plain(c) for c in cells), key=s.id)
+
+    @on(DataTable.RowHighlighted)
+    def _more_rows(self, event: DataTable.RowHighlighted) -> None:
+        """The cursor near the last row shown: the next page of rows."""
+        table = self.table
+        if event.cursor_row >= table.row_count - MORE_AT and table.row_count < len(self.summaries):
+            self._add_rows(table.row_count + PAGE_ROWS)
 
     def selected(self) -> Optional[SessionSummary]:
         if not self.summaries:
