@@ -199,13 +199,13 @@ class SessionIndex:
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Our tables, as we made them, in this version; created when the file is new."""
         conn.execute("PRAGMA trusted_schema = OFF")
-        names = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
-        if not names:
+        empty = "SELECT count(*) FROM sqlite_master"
+        if conn.execute(empty).fetchone() == (0,):
             with _writing(conn):
-                for sql in _TABLES.values():
-                    conn.execute(sql)
-                conn.executemany("INSERT INTO meta VALUES (?, ?)", _meta().items())
-            return
+                if conn.execute(empty).fetchone() == (0,):  # not made by another instance in the meantime
+                    for sql in _TABLES.values():
+                        conn.execute(sql)
+                    conn.executemany("INSERT INTO meta VALUES (?, ?)", _meta().items())
         _check_layout(conn)
 
     # -- bringing it up to date --------------------------------------------------------

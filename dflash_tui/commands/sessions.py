@@ -63,8 +63,8 @@ def _list(store, args) -> int:
         return 0
     # where the files are goes to stderr: standard output stays one session a line
     print(f"{len(summaries)} session(s) in {one_line(store.root)}", file=sys.stderr)
-    for s in summaries:
-        print(_line(s))
+    if summaries:
+        sys.stdout.write("\n".join(_line(s) for s in summaries) + "\n")
     for p in problems:
         print(f"skipped {one_line(p)}", file=sys.stderr)
     return 0
