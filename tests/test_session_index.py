@@ -285,3 +285,31 @@ def test_the_index_benchmark_runs_on_a_few_sessions(tmp_path, capsys):
     assert set(report["search_warm_s"]) == {"python", "zebra", "parse dat"}
     summaries, problems = SessionStore(tmp_path / "sessions").list()  # every synthetic file is a valid session
     assert len(summaries) == 30 and not problems and summaries[0].turns >= 2
+
+
+def test_cli_search_list_and_prefixes(tmp_path, monkeypatch, capsys):
+    from dflash_tui.cli import main
+
+    store = _store(tmp_path)
+    monkeypatch.setattr("dflash_tui.sessions.default_root", lambda: store.root)
+    evil = "\x1b]0;pwned\x07 zebra"
+    _write(store, "gamma-1", "title " + evil, "a message about zebras " + evil, "2025-01-05T10:00:00+00:00")
+    assert main(["sessions", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert f"4 session(s) in {store.root}" in err  # where the files are
+    assert [line.split()[0] for line in out.splitlines()] == ["gamma-1", "beta-1", "alpha-2", "alpha-1"]
+    assert main(["sessions", "search", "zebra"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].startswith("gamma-1") and "zebras" in out.splitlines()[1]  # the words in context
+    assert "\x1b" not in out and "\x07" not in out and "␛]0;pwned" in out
+    assert main(["sessions", "search", "zebra", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [s["id"] for s in found["sessions"]] == ["gamma-1"] and found["sessions"][0]["title"] == "title " + evil
+    assert main(["sessions", "search", "nothing-here"]) == 1  # like grep: nothing found
+    assert main(["sessions", "show", "gam"]) == 0 and "gamma-1" in capsys.readouterr().out
+    assert main(["sessions", "export", "alpha-2", "-f", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "alpha-2"
+    assert main(["sessions", "delete", "alpha", "--yes"]) == 1  # two match: nothing deleted
+    assert "2 sessions start with 'alpha'" in capsys.readouterr().err
+    assert main(["sessions", "delete", "gam", "--yes"]) == 0
+    assert not (store.root / "gamma-1.json").exists() and len(list(store.root.glob("*.json"))) == 3
