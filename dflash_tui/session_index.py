@@ -127,7 +127,7 @@ class SessionIndex:
 
     def _read_with(self, conn: sqlite3.Connection, use: Callable[[sqlite3.Connection], T], refresh: bool) -> T:
         try:
-            if refresh:
+            if refresh or self.in_memory:  # an index in memory starts from the file's (or nothing) each time
                 try:
                     self._refresh(conn)
                 except sqlite3.OperationalError as exc:  # read-only, or locked past the timeout: in memory

@@ -130,6 +130,8 @@ def test_an_index_name_that_is_not_a_regular_file_is_left_alone(tmp_path):
     os.mkfifo(index)
     assert _listing(store) == expected
     assert store.search("parse")[0][0].summary.id == "alpha-1"
+    # in memory there is nothing to keep between uses: even a filter as you type reads the folder
+    assert [h.summary.id for h in store.search("parse", refresh=False)[0]] == ["alpha-1"]
 
 
 def test_a_hostile_file_never_enters_the_index(tmp_path):
