@@ -101,6 +101,11 @@ def test_a_lost_or_corrupt_index_is_rebuilt_from_the_files(tmp_path, reads):
         reads.clear()
         assert _listing(store) == expected and len(reads) == 3
         assert sqlite3.connect(index).execute("SELECT count(*) FROM sessions").fetchone() == (3,)
+    db = sqlite3.connect(index)  # the full-text part damaged: found out by a search
+    db.execute("UPDATE texts_data SET block = randomblob(length(block))")
+    db.commit()
+    db.close()
+    assert [h.summary.id for h in store.search("parse")[0]] == ["alpha-1"]
 
 
 def test_a_foreign_database_under_the_index_name_is_replaced(tmp_path):
