@@ -33,6 +33,9 @@ _JSON_UNSAFE = re.compile("[\x7f-\x9f\ud800-\udfff]")
 
 def printable(text: str, lines: bool = True) -> str:
     """`text` with control characters made visible; `lines` keeps newlines and tabs."""
+    text = str(text)
+    if text.isprintable():  # no control, no surrogate, no line break: nothing to change (the common case)
+        return text
     return _SURROGATE.sub("\ufffd", str(text).translate(_LINES if lines else _ONE_LINE))
 
 

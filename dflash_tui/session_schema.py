@@ -1,7 +1,10 @@
 """What a session file may hold: every field's type and range, checked before anything uses it.
 
 `check_session(data)` takes parsed JSON, migrates an older layout, and returns
-it as the current layout, or raises ValueError saying what is wrong. A file
+it as the current layout, or raises ValueError saying what is wrong. Schema 3
+holds the messages as a tree (see session_tree and docs/sessions.md); a schema
+1 or 2 file becomes a tree of one branch in memory, and its file is rewritten
+only by the next save. A file
 that passes can be listed, shown, exported and replayed without surprises:
 counts are whole numbers in range, times are finite, texts are text, token ids
 are ids, and every text is valid Unicode.
@@ -14,9 +17,10 @@ import math
 from typing import Any, Callable, Optional
 
 from dflash_tui.session_trace import timed_trace
+from dflash_tui.session_tree import check_tree, linear
 
 FORMAT = "dflash-tui-session"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROLES = ("system", "user", "assistant")
 MAX_INT = 2**53  # no count, size or id from a real run comes near this; JSON readers agree up to here
 MAX_TOKEN_ID = 2**31 - 1
@@ -204,7 +208,18 @@ def _migrate_v1(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-MIGRATIONS = {1: _migrate_v1}  # version n -> a dict in version n + 1
+def _migrate_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """Schema 2 kept one list of messages: it becomes the tree's one branch, all in view."""
+    raw = data.get("messages")
+    _check(isinstance(raw, list), "'messages' is not a list")
+    for i, m in enumerate(raw):
+        _check(isinstance(m, dict), f"message {i} is not an object")
+    out = dict(data, schema_version=3)
+    out.update(linear([{k: v for k, v in m.items() if k not in ("id", "parent", "children")} for m in raw]))
+    return out
+
+
+MIGRATIONS = {1: _migrate_v1, 2: _migrate_v2}  # version n -> a dict in version n + 1
 
 
 def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bool = False) -> dict[str, Any]:
@@ -241,8 +256,10 @@ def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bo
     messages = data.get("messages")
     _check(isinstance(messages, list), "'messages' is not a list")
     for i, m in enumerate(messages):
-        where = f"message {i}"
-        _check(isinstance(m, dict), f"{where} is not an object")
+        _check(isinstance(m, dict), f"message {i} is not an object")
+    check_tree(messages, data.get("roots"), data.get("view"))
+    for m in messages:
+        where = f"message {m['id']}"
         _check(m.get("role") in ROLES, f"{where} has an unknown role")
         _check(isinstance(m.get("content"), str), f"{where} has no text")
         if m.get("trace") is not None:

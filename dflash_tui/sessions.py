@@ -1,10 +1,15 @@
-"""Session files: one JSON file per conversation, saved atomically, listed, exported.
+"""Session files: one JSON file per conversation, saved atomically, listed and searched through an index.
 
 A session file is data only. Loading one parses JSON and checks every field;
 nothing in it is executed, and its id is checked before it becomes a file name,
 so a file from someone else cannot make the app read or write elsewhere.
 Files that cannot be read (corrupt, truncated, foreign, from a newer version)
-are reported by name and left exactly as they are.
+are reported by name and left exactly as they are. Listing and searching go
+through an SQLite index beside the files (session_index), rebuilt from them
+whenever it is lost or wrong; a session is found by any unique prefix of its id.
+
+The records (Session, its message tree, summaries) are in session_record and
+session_tree, exports in session_export; this module re-exports their names.
 """
 
 from __future__ import annotations
@@ -12,247 +17,33 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
-import secrets
-import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
-from dflash_tui.engine.events import Done, Event, Prefill, event_from_dict
-from dflash_tui.errors import UserError
-from dflash_tui.files import TooBig, atomic_write, read_regular_file, sweep_stale_temps
-from dflash_tui.printable import one_line, printable, terminal_json
-from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
-from dflash_tui.session_trace import TraceRecorder, timed_trace, without_time
+from dflash_tui.files import atomic_write, read_regular_file, sweep_stale_temps
+from dflash_tui.session_export import export_text, to_json, to_markdown
+from dflash_tui.session_index import SearchHit, SessionIndex
+from dflash_tui.session_record import (
+    MAX_FILE_BYTES,
+    Session,
+    SessionError,
+    SessionSummary,
+    first_prefill,
+    make_title,
+    new_id,
+    now_iso,
+    read_session,
+    reply_summary,
+    session_from_dict,
+    valid_id,
+)
+from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION
+from dflash_tui.session_trace import TraceRecorder, timed_trace
+from dflash_tui.session_tree import Message
 
-__all__ = ["FORMAT", "ROLES", "SCHEMA_VERSION", "Message", "Session", "SessionError", "SessionStore",
-           "SessionSummary", "TraceRecorder", "export_text", "make_title", "read_session", "session_from_dict",
-           "timed_trace", "to_json", "to_markdown"]
-
-MAX_FILE_BYTES = 64 * 1024 * 1024  # a session is text; anything bigger is not one of ours
-TITLE_CHARS = 60
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,79}$")
-
-
-class SessionError(UserError):
-    """A session that cannot be found, read or trusted; the message names the file."""
-
-
-# -- records ---------------------------------------------------------------------
-@dataclass
-class Message:
-    role: str
-    content: str
-    # assistant replies: the turn's events as dicts, each with "t" = seconds since the turn started
-    trace: Optional[list[dict[str, Any]]] = None
-
-    def events(self) -> list[Event]:
-        return [event_from_dict(without_time(e)) for e in self.trace or []]
-
-    def done(self) -> Optional[Done]:
-        for entry in reversed(self.trace or []):
-            if entry.get("type") == "done":
-                return event_from_dict(without_time(entry))  # type: ignore[return-value]
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content, "trace": self.trace}
-
-
-@dataclass
-class Session:
-    id: str
-    title: str
-    created: str
-    updated: str
-    target: str
-    draft: Optional[str]
-    settings: dict[str, Any]
-    messages: list[Message] = field(default_factory=list)
-    device: Optional[str] = None
-    baseline_tps: Optional[float] = None  # target-only tok/s measured in the recorded run
-    # id -> text of every token in the traces, so a replay needs no tokenizer
-    token_text: dict[int, str] = field(default_factory=dict)
-    revision: int = 0  # bumped on every save; a save that finds another revision on disk forks
-    schema_version: int = SCHEMA_VERSION
-    path: Optional[Path] = field(default=None, compare=False, repr=False)
-    # token id -> text, from the loaded tokenizer; add_message uses it to fill token_text
-    decoder: Optional[Callable[[int], str]] = field(default=None, compare=False, repr=False)
-    _stamp: Optional[tuple[int, int, int]] = field(default=None, compare=False, repr=False)
-
-    def add_message(self, role: str, content: str, trace: Optional[list[dict[str, Any]]] = None,
-                    decoder: Optional[Callable[[int], str]] = None) -> Message:
-        if role not in ROLES:
-            raise ValueError(f"unknown role {role!r}")
-        message = Message(role, content, timed_trace(trace) if trace is not None else None)
-        self.messages.append(message)
-        if role == "user" and not self.title:
-            self.title = make_title(content)
-        if message.trace and (decoder or self.decoder):
-            self.remember_tokens(decoder or self.decoder, message.trace)  # type: ignore[arg-type]
-        return message
-
-    def remember_tokens(self, decoder: Callable[[int], str], trace: Iterable[dict[str, Any]]) -> None:
-        for entry in trace:
-            for token in list(entry.get("drafted") or []) + list(entry.get("emitted") or []):
-                if token not in self.token_text:
-                    try:
-                        self.token_text[token] = str(decoder(token))
-                    except Exception:  # an id the tokenizer does not know: replay shows the id
-                        pass
-
-    def decode(self, token: int) -> str:
-        """Recorded text of a token id (the acceptance view's decoder in replay)."""
-        text = self.token_text.get(token)
-        if text is None:
-            raise KeyError(token)
-        return text
-
-    # -- figures over the whole session (from the recorded Done stats) ---------
-    def replies(self) -> list[Message]:
-        return [m for m in self.messages if m.role == "assistant"]
-
-    def generated_tokens(self) -> int:
-        return sum(int(d.stats.get("generated_tokens", len(d.tokens))) for d in self._dones())
-
-    def tokens_per_cycle(self) -> Optional[float]:
-        """Emitted tokens per DFlash cycle over all replies; None with no DFlash cycles."""
-        cycles = tokens = 0.0
-        for d in self._dones():
-            n = d.stats.get("cycles") or 0
-            cycles += n
-            tokens += (d.stats.get("tokens_per_cycle") or 0.0) * n
-        return tokens / cycles if cycles else None
-
-    def _dones(self) -> Iterator[Done]:
-        for m in self.replies():
-            d = m.done()
-            if d is not None:
-                yield d
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "schema_version": SCHEMA_VERSION,
-            "id": self.id,
-            "title": self.title,
-            "created": self.created,
-            "updated": self.updated,
-            "target": self.target,
-            "draft": self.draft,
-            "device": self.device,
-            "baseline_tps": self.baseline_tps,
-            "settings": self.settings,
-            "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
-            "revision": self.revision,
-            "messages": [m.to_dict() for m in self.messages],
-        }
-
-
-@dataclass
-class SessionSummary:
-    id: str
-    title: str
-    target: str
-    draft: Optional[str]
-    created: str
-    updated: str
-    messages: int
-    turns: int
-    generated_tokens: int
-    tokens_per_cycle: Optional[float]
-    path: str
-
-    @classmethod
-    def of(cls, s: Session) -> "SessionSummary":
-        return cls(s.id, s.title, s.target, s.draft, s.created, s.updated, len(s.messages), len(s.replies()),
-                   s.generated_tokens(), s.tokens_per_cycle(), str(s.path or ""))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-# -- small helpers -----------------------------------------------------------------
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def new_id() -> str:
-    """Sortable by time, unique across processes (random suffix)."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
-
-
-def valid_id(text: str) -> bool:
-    return bool(_ID.match(text))
-
-
-def make_title(text: str) -> str:
-    line = " ".join(text.split())
-    if not line:
-        return "untitled"
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
-
-
-# -- reading and checking ----------------------------------------------------------
-def session_from_dict(data: Any, values_checked: bool = False) -> Session:
-    """Check (see session_schema) and build a Session; raises ValueError saying what is wrong."""
-    data = check_session(data, valid_id, values_checked)
-    messages = [Message(m["role"], m["content"], m.get("trace")) for m in data["messages"]]
-    return Session(id=data["id"], title=data["title"], created=data["created"], updated=data["updated"],
-                   target=data["target"], draft=data.get("draft"), settings=dict(data.get("settings", {})),
-                   messages=messages, device=data.get("device"), baseline_tps=data.get("baseline_tps"),
-                   token_text={int(k): v for k, v in data.get("token_text", {}).items()},
-                   revision=data.get("revision", 0))
-
-
-# only a \uD800-\uDFFF escape can put a lone surrogate into parsed JSON: without one, no text needs checking
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-class _NotFinite(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> None:
-    raise _NotFinite(name)
-
-
-def _read_json(path: Path) -> tuple[Any, bool]:
-    """Parsed JSON of a session file, and whether its texts are known valid; raises SessionError naming it
-    (read only: nothing is ever changed)."""
-    name = path.name
-    try:
-        raw = read_regular_file(path, MAX_FILE_BYTES)
-    except TooBig:
-        raise SessionError(f"{name}: too big to be a session (over {MAX_FILE_BYTES} bytes)") from None
-    except OSError as exc:
-        raise SessionError(f"{name}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_no_constant), not _SURROGATE_ESCAPE.search(raw)
-    except _NotFinite as exc:
-        raise SessionError(f"{name}: a number that is not finite ({exc})") from None
-    except UnicodeDecodeError:
-        raise SessionError(f"{name}: not text (not UTF-8)") from None
-    except json.JSONDecodeError as exc:
-        truncated = exc.pos >= len(raw.rstrip()) - 1
-        raise SessionError(f"{name}: {'truncated' if truncated else 'corrupt'} JSON ({exc.msg} at line {exc.lineno})") from None
-    except RecursionError:
-        raise SessionError(f"{name}: corrupt JSON (nested too deep)") from None
-    except ValueError as exc:  # an integer of thousands of digits
-        raise SessionError(f"{name}: corrupt JSON ({str(exc).split(':')[0]})") from None
-
-
-def read_session(path: Path) -> Session:
-    """Read one file; raises SessionError naming it."""
-    data, values_checked = _read_json(path)
-    try:
-        session = session_from_dict(data, values_checked)
-    except ValueError as exc:
-        raise SessionError(f"{path.name}: {exc}") from None
-    session.path = path
-    return session
+__all__ = ["FORMAT", "ROLES", "SCHEMA_VERSION", "Message", "SearchHit", "Session", "SessionError", "SessionStore",
+           "SessionSummary", "TraceRecorder", "export_text", "first_prefill", "make_title", "read_session",
+           "reply_summary", "session_from_dict", "timed_trace", "to_json", "to_markdown"]
 
 
 # -- the store ---------------------------------------------------------------------
@@ -345,15 +136,36 @@ class SessionStore:
         return path
 
     # -- reading ---------------------------------------------------------------
+    def ids_starting(self, prefix: str) -> list[str]:
+        """Ids of the session files in the store whose id starts with `prefix` (by file name: nothing read)."""
+        try:
+            with os.scandir(self.root) as entries:
+                stems = [e.name[:-5] for e in entries if e.name.endswith(".json") and e.name.startswith(prefix)]
+        except OSError:
+            return []
+        return sorted(stem for stem in stems if valid_id(stem))
+
+    def resolve_id(self, text: str) -> str:
+        """The id of the one session whose id is `text` or starts with it; SessionError otherwise."""
+        if not valid_id(text):
+            raise SessionError(f"not a session id: {text!r}")
+        if (self.root / f"{text}.json").is_file():
+            return text
+        found = self.ids_starting(text)
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise SessionError(f"no session {text!r} in {self.root}")
+        shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
+        raise SessionError(f"{len(found)} sessions start with {text!r} ({shown}): give more of the id")
+
     def resolve(self, id_or_path: Union[str, Path]) -> Path:
-        """A session id in this store, or a path to a session file (read only)."""
+        """A session id in this store, or a unique prefix of one, or a path to a session file (read only)."""
         text = str(id_or_path)
-        if valid_id(text):
-            path = self.root / f"{text}.json"
-            if path.is_file():
-                return path
-            if not Path(text).exists():
-                raise SessionError(f"no session {text!r} in {self.root}")
+        if valid_id(text) and not Path(text).exists():
+            return self.path_for(self.resolve_id(text))
+        if valid_id(text) and (self.root / f"{text}.json").is_file():
+            return self.root / f"{text}.json"
         path = Path(text).expanduser()
         if not path.exists():
             raise SessionError(f"no such session file: {text}")
@@ -372,29 +184,30 @@ class SessionStore:
             session.path = None  # a shared file: saving goes into the store, never back to it
         return session
 
-    def list(self) -> tuple[list[SessionSummary], list[str]]:
-        """Summaries, newest first, and one line per file that could not be read."""
-        summaries, problems = [], []
+    def _index(self, use: Callable[[Any], Any], refresh: bool = True) -> Any:
         if not self.root.is_dir():
-            return summaries, problems
-        sweep_stale_temps(self.root)
-        for path in sorted(self.root.glob("*.json")):
-            if path.name.startswith("."):
-                continue  # a save in progress
-            try:
-                session = read_session(path)
-                if path.stem != session.id:
-                    raise SessionError(f"{path.name}: its id is {session.id!r}, not its file name")
-                summaries.append(SessionSummary.of(session))
-            except SessionError as exc:
-                problems.append(str(exc))
-            except (TypeError, ValueError, ArithmeticError) as exc:  # a check missed something: skip, never stop
-                problems.append(f"{path.name}: cannot be summarised ({type(exc).__name__})")
-        summaries.sort(key=lambda s: (s.updated, s.id), reverse=True)
-        return summaries, problems
+            return None
+        if refresh:
+            sweep_stale_temps(self.root)
+        return SessionIndex(self.root).read(use, refresh)
+
+    def list(self) -> tuple[list[SessionSummary], list[str]]:
+        """Summaries, newest first, and one line per file that could not be read (from the index, brought
+        up to date with the folder first)."""
+        index = SessionIndex(self.root)
+        found = self._index(lambda conn: (index.summaries(conn), index.problems(conn)))
+        return found if found is not None else ([], [])
+
+    def search(self, text: str, refresh: bool = True, snippets: int = 0) -> tuple[list[SearchHit], list[str]]:
+        """Sessions whose title or messages (every branch) hold every word of `text`, newest first, and the
+        files that could not be read. `refresh=False`: the index as the last use left it (a filter as you
+        type); the first `snippets` hits come with the text around the match."""
+        index = SessionIndex(self.root)
+        found = self._index(lambda conn: (index.search(conn, text, snippets), index.problems(conn)), refresh)
+        return found if found is not None else ([], [])
 
     def delete(self, session_id: str) -> Path:
-        """Remove a session. Only a file that reads as a valid session is removed."""
+        """Remove a session (its full id). Only a file that reads as a valid session is removed."""
         path = self.path_for(session_id)
         if not path.is_file():
             raise SessionError(f"no session {session_id!r} in {self.root}")
@@ -410,72 +223,15 @@ class SessionStore:
         self.save(session)
         return session
 
-    def export(self, session: Session, fmt: str, dest: Optional[Path] = None) -> Path:
-        """Write a Markdown or JSON export; default under the data dir's `exports/`."""
-        text = export_text(session, fmt)
+    def export(self, session: Session, fmt: str, dest: Optional[Path] = None, message: Optional[str] = None,
+               branch: Optional[str] = None) -> Path:
+        """Write a Markdown or JSON export (see session_export); default under the data dir's `exports/`."""
+        text = export_text(session, fmt, message=message, branch=branch)
         if dest is None:
-            dest = self.root.parent / "exports" / f"{session.id}.{'json' if fmt == 'json' else 'md'}"
+            part = message or branch
+            suffix = f"-{part}" if part and valid_id(part) else ""
+            dest = self.root.parent / "exports" / f"{session.id}{suffix}.{'json' if fmt == 'json' else 'md'}"
         dest = Path(dest).expanduser()
         dest.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(dest, text.encode("utf-8"))
         return dest
-
-
-# -- export --------------------------------------------------------------------------
-def reply_summary(done: Optional[Done]) -> str:
-    """One line of figures for a reply: tokens, tokens per cycle, acceptance, speed."""
-    if done is None:
-        return ""
-    s = done.stats
-    parts = [f"{s.get('generated_tokens', len(done.tokens))} tokens"]
-    if s.get("mode") == "dflash":
-        parts.append(f"{s.get('tokens_per_cycle', 0.0):.2f} tokens/cycle")
-        parts.append(f"acceptance {100 * s.get('acceptance', 0.0):.0f}%")
-    elif s.get("mode") == "baseline":
-        parts.append("target only")
-    if s.get("decode_tps"):
-        parts.append(f"{s['decode_tps']:.1f} tok/s")
-    if done.finish_reason == "cancelled":
-        parts.append("stopped")
-    return " · ".join(parts)
-
-
-def to_markdown(session: Session) -> str:
-    """A readable export; control characters in the data are shown as pictures, never written raw."""
-    lines = [f"# {one_line(session.title or 'untitled')}", ""]
-    lines.append(f"- target: `{one_line(session.target)}`")
-    lines.append(f"- draft: `{one_line(session.draft)}`" if session.draft else "- draft: none (target only)")
-    lines.append(f"- created: {session.created} · updated: {session.updated}")
-    if session.settings:
-        lines.append("- settings: " + ", ".join(f"{k} {v}" for k, v in session.settings.items()))
-    tpc = session.tokens_per_cycle()
-    if tpc is not None:
-        lines.append(f"- tokens per cycle over the session: {tpc:.2f}")
-    lines.append("")
-    names = {"system": "System", "user": "You", "assistant": "Assistant"}
-    for m in session.messages:
-        lines += [f"## {names[m.role]}", "", m.content, ""]
-        figures = reply_summary(m.done()) if m.role == "assistant" else ""
-        if figures:
-            lines += [f"*{figures}*", ""]
-    return printable("\n".join(lines))
-
-
-def to_json(session: Session) -> str:
-    """The session file itself: shareable, and `dflash-tui replay` reads it (DEL and C1 escaped: the same data)."""
-    return terminal_json(json.dumps(session.to_dict(), ensure_ascii=False, indent=1, allow_nan=False)) + "\n"
-
-
-def export_text(session: Session, fmt: str) -> str:
-    if fmt in ("markdown", "md"):
-        return to_markdown(session)
-    if fmt == "json":
-        return to_json(session)
-    raise ValueError(f"unknown export format {fmt!r} (markdown or json)")
-
-
-def first_prefill(message: Message) -> Optional[Prefill]:
-    for ev in message.events():
-        if isinstance(ev, Prefill):
-            return ev
-    return None

@@ -247,6 +247,17 @@ def test_cli_show_and_export_of_each_file(folder, capsys, tmp_path):
             assert len(lines) == 1 and lines[0].startswith("dflash-tui: ") and _inert(err), (name, args, err)
 
 
+def test_cli_sessions_search_over_the_hostile_folder(folder, capsys):
+    """Search reads the index: the good sessions are found, every bad file is named as skipped, all inert."""
+    rc, out, err = _run(capsys, "sessions", "search", "pwned")
+    assert rc == 0 and _inert(out) and _inert(err)
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith(" ")] == ["evil-text"]
+    assert len([line for line in err.splitlines() if line.startswith("skipped ")]) == len(BAD)
+    for text in ("[/]", '"', "hi AND NOT x", "\x1b]0;", "*"):  # markup, FTS syntax, escapes: all just text
+        rc, out, err = _run(capsys, "sessions", "search", text)
+        assert rc in (0, 1) and _inert(out) and _inert(err) and "Traceback" not in err, text
+
+
 @pytest.mark.parametrize("buffered", [True, False])
 def test_cli_list_into_a_closed_pipe_ends_with_one_line(folder, buffered):
     """`sessions list | head -0`: the reader is gone before the output comes."""

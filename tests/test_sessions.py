@@ -59,7 +59,7 @@ def test_save_load_round_trip(tmp_path):
     assert path == tmp_path / "sessions" / f"{s.id}.json"
     loaded = store.load(s.id)
     assert loaded == s
-    assert loaded.title == "question 0 with a second line"  # from the first user message, one line
+    assert loaded.title == "question 0"  # the first line of the first user message
     data = json.loads(path.read_text())
     assert data["schema_version"] == SCHEMA_VERSION and data["format"] == "dflash-tui-session"
     assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant", "user", "assistant"]
@@ -297,7 +297,7 @@ def test_two_stores_never_clobber_each_other(tmp_path):
     summaries, problems = a.list()
     assert not problems
     assert sorted(s.title for s in summaries) == sorted(f"{t}-{i}" for t in "ab" for i in range(8))
-    assert not [p for p in root.iterdir() if p.name.startswith(".")]  # no temp files left
+    assert not [p for p in root.iterdir() if p.name.endswith(".tmp")]  # no temp files left
 
 
 def test_same_session_continued_in_two_instances_forks_instead_of_overwriting(tmp_path):
@@ -329,7 +329,8 @@ def test_rename_delete_and_exports(tmp_path):
     renamed = store.rename(s.id, "  A better   title ")
     assert store.load(s.id).title == "A better title" == renamed.title
     md = export_text(store.load(s.id), "markdown")
-    assert md.startswith("# A better title") and "## You" in md and "answer 0" in md
+    assert md.startswith("---\ntitle: \"A better title\"\n") and "\n# A better title\n" in md
+    assert "## You" in md and "answer 0" in md
     assert "3.00 tokens/cycle" in md
     out = store.export(store.load(s.id), "json")
     assert out == tmp_path / "exports" / f"{s.id}.json"
@@ -361,7 +362,7 @@ def test_cli_sessions_list_show_export_delete(tmp_path):
     r = _cli("sessions", "show", s.id, "--json", env_dir=tmp_path / "data")
     assert json.loads(r.stdout)["id"] == s.id
     r = _cli("sessions", "export", s.id, "-f", "md", "-o", str(tmp_path / "out.md"), env_dir=tmp_path / "data")
-    assert r.returncode == 0 and (tmp_path / "out.md").read_text().startswith("# question 0")
+    assert r.returncode == 0 and "\n# question 0\n" in (tmp_path / "out.md").read_text()
     r = _cli("sessions", "delete", s.id, env_dir=tmp_path / "data")
     assert r.returncode == 1 and "--yes" in r.stderr and store.path_for(s.id).exists()
     r = _cli("sessions", "delete", s.id, "--yes", env_dir=tmp_path / "data")

@@ -105,7 +105,7 @@ async def test_rename_and_delete_with_confirmation(tmp_path):
         await pilot.pause()
         assert not store.path_for("s2").exists()
         assert app.screen.query_one(DataTable).row_count == 2
-        assert sorted(p.name for p in store.root.iterdir()) == ["s0.json", "s1.json"]
+        assert sorted(p.name for p in store.root.glob("*.json")) == ["s0.json", "s1.json"]
 
 
 async def test_exports_markdown_and_json(tmp_path):
@@ -116,7 +116,8 @@ async def test_exports_markdown_and_json(tmp_path):
         await pilot.press("m", "j")
         await pilot.pause()
     md = (tmp_path / "exports" / "s0.md").read_text()
-    assert md.startswith("# session number 0") and "## Assistant" in md and "tokens/cycle" in md
+    assert md.startswith("---\ntitle: \"session number 0\"") and "\n# session number 0\n" in md
+    assert "## Assistant" in md and "tokens/cycle" in md
     assert SessionStore(tmp_path / "x").load(tmp_path / "exports" / "s0.json").id == "s0"
 
 
@@ -156,3 +157,62 @@ async def test_the_chat_app_replays_a_saved_session_and_comes_back(tmp_path, mon
         await pilot.press("escape")
         await pilot.pause()
         assert app.screen is main
+
+
+async def test_slash_searches_titles_and_messages_as_you_type(tmp_path):
+    from dflash_tui.demo import demo_target_path
+
+    store = _store(tmp_path)
+    s1 = store.load("s1")
+    s1.add_message("user", "what about zebras?")
+    s1.target = str(demo_target_path())  # the demo pair: its name, not where it is installed
+    store.save(s1)
+    s0 = store.load("s0")
+    s0.title = "Quokka facts"
+    store.save(s0)
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one(DataTable)
+        models = {str(table.get_row_at(r)[0]): str(table.get_row_at(r)[1]) for r in range(table.row_count)}
+        assert models["session number 1"] == "demo (offline)" and models["session number 2"].startswith("tiny-qwen3")
+        await pilot.press("slash", *"zebra")
+        await pilot.pause()
+        assert [s.id for s in screen.summaries] == ["s1"] and table.row_count == 1  # a message's text
+        await pilot.press(*["backspace"] * 5, *"quokka")
+        await pilot.pause()
+        assert [s.id for s in screen.summaries] == ["s0"]  # a title; "q" typed here does not close the screen
+        await pilot.press(*["backspace"] * 6, *"nothing-like-it")
+        await pilot.pause()
+        assert screen.summaries == [] and "No session holds" in str(screen.query_one("#sessions-empty").render())
+        await pilot.press("escape")  # clears the search
+        await pilot.pause()
+        assert table.row_count == 3 and app.screen is screen
+        await pilot.press("slash", *"zeb", "enter", "enter")  # Enter goes to the list, Enter opens
+        await pilot.pause()
+    assert app.results[-1][0] == "open" and app.results[-1][1].id == "s1"
+
+
+async def test_a_long_list_fills_a_page_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr("dflash_tui.ui.sessions_screen.PAGE_ROWS", 4)
+    monkeypatch.setattr("dflash_tui.ui.sessions_screen.MORE_AT", 1)
+    store = SessionStore(tmp_path / "sessions")
+    store.root.mkdir(parents=True)
+    base = json.loads(TRACE_SESSION.read_text())
+    for i in range(10):
+        data = dict(base, id=f"p{i}", title=f"page {i}", updated=f"2025-02-{i + 1:02d}T10:00:00+00:00")
+        (store.root / f"p{i}.json").write_text(json.dumps(data))
+    app = Host(store)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(DataTable)
+        counts = [table.row_count]
+        for _ in range(3):
+            await pilot.press("ctrl+end")
+            await pilot.pause()
+            counts.append(table.row_count)
+        assert counts == [4, 8, 10, 10] and table.cursor_row == 9
+        await pilot.press("enter")
+        await pilot.pause()
+    assert app.results[-1][1].id == "p0"  # the oldest, reached through the pages

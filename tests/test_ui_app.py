@@ -282,6 +282,7 @@ async def test_regenerate_replaces_the_last_reply(qwen3_dirs, engine_events):
         assert len(app.chat.query(AssistantMessage)) == 1
         assert [m["role"] for m in app.engine.conversation.messages] == ["user", "assistant"]
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert app.session.siblings(app.session.messages[-1].id) == (2, 2)  # the first reply is kept beside it
 
 
 async def test_prompt_history_walks_up_and_down(qwen3_dirs):

@@ -1,4 +1,7 @@
-"""`dflash-tui sessions list|show|export|delete`: saved sessions from the shell."""
+"""`dflash-tui sessions list|search|show|export|delete`: saved sessions from the shell.
+
+A session is named by its id, any unique prefix of it, or a path to a session file.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +13,31 @@ from pathlib import Path
 from dflash_tui.errors import UserError
 from dflash_tui.printable import one_line, printable, terminal_json
 
+SESSION_HELP = "an id, a unique prefix of one, or a path to a session file"
+SNIPPETS = 20
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    p = sub.add_parser("list", help="saved sessions, newest first")
-    p.add_argument("--json", action="store_true", help="one JSON object: sessions and unreadable files")
-    p = sub.add_parser("show", help="one session's messages and figures")
-    p.add_argument("session", metavar="SESSION", help="an id or a path to a session file")
+    p = sub.add_parser("list", help="saved sessions, newest first (and where they are)")
+    p.add_argument("--json", action="store_true", help="one JSON object: folder, sessions and unreadable files")
+    p = sub.add_parser("search", help="sessions whose title or messages hold every word of TEXT")
+    p.add_argument("text", metavar="TEXT", help="words (each matches as a word prefix; case and accents ignored)")
+    p.add_argument("--json", action="store_true", help="one JSON object: the sessions found")
+    p.add_argument("--snippets", type=int, default=SNIPPETS, metavar="N",
+                   help=f"show the words in context for the newest N found (default {SNIPPETS})")
+    p = sub.add_parser("show", help="one session's messages (the branch in view) and figures")
+    p.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     p.add_argument("--json", action="store_true", help="the session file's JSON")
-    p = sub.add_parser("export", help="write a session as Markdown or JSON")
-    p.add_argument("session", metavar="SESSION", help="an id or a path to a session file")
+    p = sub.add_parser("export", help="write a session, a branch or one message as Markdown or JSON")
+    p.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     p.add_argument("--format", "-f", choices=("markdown", "md", "json"), default="markdown")
     p.add_argument("--output", "-o", metavar="PATH", help="write here (default: standard output)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--message", metavar="N|ID", help="only this message (its number in `show`, or its id)")
+    which.add_argument("--branch", metavar="ID", help="the branch through this message id (default: the one in view)")
     p = sub.add_parser("delete", help="delete a saved session")
-    p.add_argument("session", metavar="ID", help="a session id")
+    p.add_argument("session", metavar="ID", help="a session id or a unique prefix of one")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
 
 
@@ -31,27 +45,50 @@ def run(args: argparse.Namespace) -> int:
     from dflash_tui.sessions import SessionStore
 
     store = SessionStore()
-    return {"list": _list, "show": _show, "export": _export, "delete": _delete}[args.action](store, args)
+    actions = {"list": _list, "search": _search, "show": _show, "export": _export, "delete": _delete}
+    return actions[args.action](store, args)
+
+
+def _line(s) -> str:
+    tpc = f"{s.tokens_per_cycle:.2f} tok/cycle" if s.tokens_per_cycle is not None else "target only"
+    updated = one_line(s.updated[:16].replace("T", " "))
+    return f"{s.id}  {updated}  {s.messages:>3} msgs  {tpc:>15}  {one_line(s.model):<18}  {one_line(s.title)}"
 
 
 def _list(store, args) -> int:
     summaries, problems = store.list()
     if args.json:
-        print(terminal_json(json.dumps({"sessions": [s.to_dict() for s in summaries], "problems": problems},
-                                       ensure_ascii=False, indent=1)))
+        print(terminal_json(json.dumps({"folder": str(store.root), "sessions": [s.to_dict() for s in summaries],
+                                        "problems": problems}, ensure_ascii=False, indent=1)))
         return 0
-    if not summaries:
-        print(f"no saved sessions in {one_line(store.root)}")
-    for s in summaries:
-        tpc = f"{s.tokens_per_cycle:.2f} tok/cycle" if s.tokens_per_cycle is not None else "target only"
-        updated = one_line(s.updated[:16].replace("T", " "))
-        print(f"{s.id}  {updated}  {s.messages:>3} msgs  {tpc:>15}  {one_line(s.title)}")
+    # where the files are goes to stderr: standard output stays one session a line
+    print(f"{len(summaries)} session(s) in {one_line(store.root)}", file=sys.stderr)
+    if summaries:
+        sys.stdout.write("\n".join(_line(s) for s in summaries) + "\n")
     for p in problems:
         print(f"skipped {one_line(p)}", file=sys.stderr)
     return 0
 
 
+def _search(store, args) -> int:
+    hits, problems = store.search(args.text, snippets=max(0, args.snippets))
+    if args.json:
+        found = [dict(h.summary.to_dict(), snippet=h.snippet) for h in hits]
+        print(terminal_json(json.dumps({"folder": str(store.root), "query": args.text, "sessions": found,
+                                        "problems": problems}, ensure_ascii=False, indent=1)))
+        return 0
+    print(f"{len(hits)} session(s) in {one_line(store.root)} hold {one_line(args.text)!r}", file=sys.stderr)
+    for h in hits:
+        print(_line(h.summary))
+        if h.snippet:
+            print(f"    {one_line(h.snippet)}")
+    for p in problems:
+        print(f"skipped {one_line(p)}", file=sys.stderr)
+    return 0 if hits else 1
+
+
 def _show(store, args) -> int:
+    from dflash_tui.model_names import model_label
     from dflash_tui.sessions import reply_summary, to_json
 
     session = store.load(args.session)
@@ -59,12 +96,18 @@ def _show(store, args) -> int:
         sys.stdout.write(to_json(session))
         return 0
     print(f"{one_line(session.title)}  ({session.id})")
-    print(one_line(f"target {session.target}  draft {session.draft or 'none'}  updated {session.updated}"))
+    draft = model_label(session.draft) if session.draft else "none"
+    print(one_line(f"model {model_label(session.target)}  draft {draft}  updated {session.updated}"))
     tpc = session.tokens_per_cycle()
     if tpc is not None:
         print(f"{session.generated_tokens()} tokens generated, {tpc:.2f} tokens per cycle")
-    for m in session.messages:
-        print(f"\n[{m.role}]")
+    branches = session.tree.leaves()
+    if branches > 1:
+        print(f"{branches} branches; the one in view:")
+    for n, m in enumerate(session.messages, 1):
+        at, count = session.siblings(m.id)
+        siblings = f"  ‹ {at}/{count} ›" if count > 1 else ""
+        print(f"\n[{n}] {m.role} · {m.id}{siblings}")
         print(printable(m.content))
         figures = reply_summary(m.done()) if m.role == "assistant" else ""
         if figures:
@@ -76,19 +119,23 @@ def _export(store, args) -> int:
     from dflash_tui.sessions import export_text
 
     session = store.load(args.session)
-    if args.output:
-        try:
-            path = store.export(session, args.format, Path(args.output))
-        except OSError as exc:
-            raise UserError(f"could not write {args.output}: {exc.strerror or exc}") from None
-        print(f"wrote {one_line(path)}", file=sys.stderr)
-    else:
-        sys.stdout.write(export_text(session, args.format))  # both formats are safe on a terminal
+    try:
+        if args.output:
+            try:
+                path = store.export(session, args.format, Path(args.output), message=args.message, branch=args.branch)
+            except OSError as exc:
+                raise UserError(f"could not write {args.output}: {exc.strerror or exc}") from None
+            print(f"wrote {one_line(path)}", file=sys.stderr)
+        else:
+            text = export_text(session, args.format, message=args.message, branch=args.branch)
+            sys.stdout.write(text)  # both formats are safe on a terminal
+    except KeyError as exc:
+        raise UserError(f"{session.id}: {exc.args[0] if exc.args else exc}") from None
     return 0
 
 
 def _delete(store, args) -> int:
-    session = store.load(store.path_for(args.session))
+    session = store.load(store.path_for(store.resolve_id(args.session)))
     if not args.yes:
         if not sys.stdin.isatty():
             raise UserError("not deleting without confirmation; pass --yes")

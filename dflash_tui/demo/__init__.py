@@ -42,3 +42,16 @@ def demo_draft_path() -> Path:
 def demo_prompts_path() -> Path:
     """Eight requests from the demo corpus's held-out split (JSONL, a "prompt" each), for `bench --prompts`."""
     return _HERE / "heldout_prompts.jsonl"
+
+
+DEMO_NAME = "demo (offline)"
+
+
+def is_demo_path(name: str) -> bool:
+    """True when `name` is the demo target's or draft's folder: this install's (or DFLASH_TUI_DEMO_DIR's),
+    or a dflash_tui/demo/ folder of another install (a session recorded before an upgrade)."""
+    path = Path(os.path.expanduser(name))  # os.path: an unknown ~user stays as it is, never raises
+    if path.parts[-3:-1] == ("dflash_tui", "demo") and path.name in ("target", "draft"):
+        return True
+    root = os.path.normpath(_root())
+    return os.path.normpath(path.parent) == root and path.name in ("target", "draft")

@@ -641,9 +641,9 @@ class DFlashApp(PlainNotify, App[None]):
                     self.session.add_message("system", self.system_prompt, None)
             if self._turn_user_text is not None:
                 self.session.add_message("user", self._turn_user_text, None)
-            else:
-                _drop_last_assistant(self.session)
-            self.session.add_message("assistant", reply, list(self._recorder.trace))
+                self.session.add_message("assistant", reply, list(self._recorder.trace))
+            else:  # regenerated: a sibling of the reply in view, which the session keeps
+                self.session.regenerate_reply(reply, list(self._recorder.trace))
             if self.baseline_tps:
                 self.session.baseline_tps = self.baseline_tps
         except Exception as exc:  # recording must never break the chat
@@ -677,13 +677,6 @@ class DFlashApp(PlainNotify, App[None]):
             self.notify(f"could not export: {exc}", severity="error")
             return
         self.notify(f"Exported to {out}", timeout=5)
-
-
-def _drop_last_assistant(session: Any) -> None:
-    """A regenerated reply replaces the one before it."""
-    messages = getattr(session, "messages", None)
-    if messages and getattr(messages[-1], "role", None) == "assistant":
-        messages.pop()
 
 
 def run_app(model: Optional[str], draft: Optional[str], trust_remote_code: Optional[bool] = None) -> None:

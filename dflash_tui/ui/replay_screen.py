@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dflash_tui.engine.events import Block, Done, Error, Prefill
+from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
 from dflash_tui.sessions import Session, reply_summary
@@ -105,7 +106,8 @@ class ReplayScreen(PlainNotify, Screen[None]):
         self.acceptance.border_title = "acceptance"
         self.meter.border_title = "system · recorded"
         self.acceptance.set_decoder(s.decode)
-        self.meter.set_pair(one_line(s.target), one_line(s.draft) if s.draft else None, one_line(s.device or "recorded"))
+        draft = one_line(model_label(s.draft)) if s.draft else None  # names, never install paths
+        self.meter.set_pair(one_line(model_label(s.target)), draft, one_line(s.device or "recorded"))
         self.meter.set_settings(s.settings)
         self.meter.set_baseline_tps(recorded_baseline(s))
         self.set_interval(self.tick_s, self._tick)

@@ -1,8 +1,9 @@
-"""Saved sessions: list, open, replay, rename, delete (with confirmation), export.
+"""Saved sessions: list, search (`/`), open, replay, rename, delete (with confirmation), export.
 
 The screen dismisses with ("open", session) or ("replay", session) for the app
 to act on, or None. Files that cannot be read are listed by name below the
-table and never touched.
+table and never touched. `/` filters by title and the full text of every
+message (the store's index: as you type, no file is read).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from dflash_tui.printable import one_line, plain, printable
 from dflash_tui.sessions import Session, SessionError, SessionStore, SessionSummary
-from dflash_tui.ui.meter import short_name
 from dflash_tui.ui.plain_notify import PlainNotify
 
 Result = Optional[tuple[str, Session]]
+PAGE_ROWS = 200  # rows added at a time
+MORE_AT = 20  # the next page comes when the cursor is this close to the last row shown
 
 
 def local_time(stamp: str) -> str:
@@ -101,12 +103,15 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         Binding("d,delete", "delete", "Delete"),
         Binding("m", "export('markdown')", "Export .md"),
         Binding("j", "export('json')", "Export .json"),
+        Binding("slash", "search", "Search"),
         Binding("escape,q", "close", "Close"),
     ]
     DEFAULT_CSS = """
     SessionsScreen { layout: vertical; }
     SessionsScreen #sessions-title { height: 1; padding: 0 1; color: $primary; text-style: bold; }
     SessionsScreen #sessions-where { height: 1; padding: 0 1; color: $text-muted; }
+    SessionsScreen #sessions-search { margin: 1 1 0 1; display: none; }
+    SessionsScreen #sessions-search.-shown { display: block; }
     SessionsScreen DataTable { height: 1fr; margin: 1 1 0 1; }
     SessionsScreen #sessions-empty { height: 1fr; padding: 1 2; color: $text-muted; }
     SessionsScreen #sessions-problems { height: auto; max-height: 8; padding: 0 1; color: $warning; border-top: hkey $warning 50%; }
@@ -117,10 +122,13 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         self.store = store or SessionStore()
         self.summaries: list[SessionSummary] = []
         self.problems: list[str] = []
+        self.filter = ""  # the search text; "" lists every session
 
     def compose(self) -> ComposeResult:
         yield Static("Saved sessions", id="sessions-title")
-        yield Static(one_line(f"Enter opens · r replays · {self.store.root}"), id="sessions-where", markup=False)
+        yield Static(one_line(f"Enter opens · r replays · / searches · {self.store.root}"), id="sessions-where",
+                     markup=False)
+        yield Input(placeholder="search titles and messages (Enter: to the list, Esc: clear)", id="sessions-search")
         table = DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
         table.add_column("Title", key="title")
         table.add_column("Model", key="model")
@@ -141,31 +149,52 @@ class SessionsScreen(PlainNotify, Screen[Result]):
     def table(self) -> DataTable:
         return self.query_one(DataTable)
 
-    def reload(self, keep: Optional[str] = None) -> None:
-        """Read the directory again; keep the cursor on `keep` (a session id) when it is still there."""
-        self.summaries, self.problems = self.store.list()
+    def reload(self, keep: Optional[str] = None, refresh: bool = True) -> None:
+        """Read the directory again (unless not `refresh`: the index as it is), filtered by the search text;
+        keep the cursor on `keep` (a session id) when it is still there."""
+        if self.filter.strip():
+            hits, problems = self.store.search(self.filter, refresh=refresh)
+            self.summaries = [h.summary for h in hits]
+            self.problems = problems if refresh else self.problems
+        else:
+            self.summaries, self.problems = self.store.list()
         table = self.table
         table.clear()
-        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
-        title_width = max(12, (self.size.width or 100) - 60)
-        for s in self.summaries:
-            title = _cut(one_line(s.title or "untitled"), title_width)
-            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
-            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
-            cells = (title, _cut(one_line(short_name(s.target)), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
-            table.add_row(*(plain(c) for c in cells), key=s.id)
+        ids = [s.id for s in self.summaries]
+        at = ids.index(keep) if keep in ids else 0
+        self._add_rows(at + PAGE_ROWS)
         empty = not self.summaries
         table.display = not empty
-        self.query_one("#sessions-empty").display = empty
+        notice = self.query_one("#sessions-empty", Static)
+        notice.display = empty
+        notice.update(plain(f"No session holds “{self.filter.strip()}”." if self.filter.strip() else
+                            "No saved sessions yet: every conversation is saved here after each reply."))
         problems = self.query_one("#sessions-problems", Static)
         problems.display = bool(self.problems)
         if self.problems:
             lines = [f"{len(self.problems)} file(s) skipped (left as they are):"] + [f"  {p}" for p in self.problems]
             problems.update(printable("\n".join(lines)))
-        if keep is not None:
-            ids = [s.id for s in self.summaries]
-            if keep in ids:
-                table.move_cursor(row=ids.index(keep))
+        if at:
+            table.move_cursor(row=at)
+
+    def _add_rows(self, upto: int) -> None:
+        """Rows for the summaries up to `upto` (a page at a time: a table of 10,000 rows takes seconds to fill)."""
+        table = self.table
+        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
+        title_width = max(12, (self.size.width or 100) - 60)
+        for s in self.summaries[table.row_count:upto]:
+            title = _cut(one_line(s.title or "untitled"), title_width)
+            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
+            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
+            cells = (title, _cut(one_line(s.model), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
+            table.add_row(*(plain(c) for c in cells), key=s.id)
+
+    @on(DataTable.RowHighlighted)
+    def _more_rows(self, event: DataTable.RowHighlighted) -> None:
+        """The cursor near the last row shown: the next page of rows."""
+        table = self.table
+        if event.cursor_row >= table.row_count - MORE_AT and table.row_count < len(self.summaries):
+            self._add_rows(table.row_count + PAGE_ROWS)
 
     def selected(self) -> Optional[SessionSummary]:
         if not self.summaries:
@@ -244,7 +273,29 @@ class SessionsScreen(PlainNotify, Screen[Result]):
             return
         self.notify(f"Exported to {path}", title="export", timeout=6)
 
+    def action_search(self) -> None:
+        box = self.query_one("#sessions-search", Input)
+        box.add_class("-shown")
+        box.focus()
+
+    @on(Input.Changed, "#sessions-search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        self.filter = event.value
+        self.reload(refresh=False)  # the index was brought up to date when the screen opened
+
+    @on(Input.Submitted, "#sessions-search")
+    def _search_done(self, event: Input.Submitted) -> None:
+        self.table.focus()
+
     def action_close(self) -> None:
+        """Esc: clears a search first, then closes."""
+        box = self.query_one("#sessions-search", Input)
+        if box.has_class("-shown"):
+            box.remove_class("-shown")
+            if box.value:
+                box.value = ""  # Input.Changed reloads the whole list
+            self.table.focus()
+            return
         self.dismiss(None)
 
     @on(DataTable.RowSelected)

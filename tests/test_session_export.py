@@ -1,0 +1,117 @@
+"""Exports: YAML front matter a YAML reader takes back exactly, code fenced with its language, one message,
+one branch, model names instead of install paths; and through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dflash_tui.cli import main
+from dflash_tui.engine.events import Block, Done, Prefill, event_to_dict
+from dflash_tui.session_export import code_language, export_text, fenced
+from dflash_tui.sessions import Session, SessionStore
+
+yaml = pytest.importorskip("yaml")
+
+ESCAPES = "\x1b]0;pwned\x07\x9b2J\x7f\u2028"
+BARE = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
+
+
+def _trace(text: str, mode: str = "dflash") -> list[dict]:
+    stats = {"mode": mode, "generated_tokens": 12, "decode_tps": 48.25, "cycles": 4 if mode == "dflash" else 0}
+    if mode == "dflash":
+        stats.update(tokens_per_cycle=3.125, acceptance=0.53125)
+    events = [Prefill(6, 0, 0.01), Block(0, [], 0, [4], text), Done([4], text, "stop", stats)]
+    return [{"t": 0.01 * (i + 1), **event_to_dict(e)} for i, e in enumerate(events)]
+
+
+def _session() -> Session:
+    from dflash_tui.demo import demo_draft_path, demo_target_path
+
+    s = Session(id="exp-1", title="Adding " + ESCAPES, created="2025-05-01T09:00:00+00:00",
+                updated="2025-05-01T09:05:00+00:00", target=str(demo_target_path()), draft=str(demo_draft_path()),
+                settings={"temperature": 0.0, "block_size": 16, "note": "x: [y] # z"}, device="cpu")
+    s.add_message("system", "be brief")
+    s.add_message("user", "add two numbers")
+    s.add_message("assistant", BARE, _trace(BARE))
+    q = s.add_message("user", "and a list?")
+    s.add_message("assistant", "Here:\n\n```\nimport math\nprint(math.fsum([1, 2]))\n```\n", _trace("x", "baseline"))
+    s.edit(q.id, "and a tuple?")
+    s.add_message("assistant", "Use `sum((1, 2))`.", _trace("y"))
+    return s
+
+
+def _front(md: str) -> dict:
+    assert md.startswith("---\n")
+    head, _, _body = md[4:].partition("\n---\n")
+    return yaml.safe_load(head)
+
+
+def test_front_matter_reads_back_with_model_names_settings_and_figures():
+    s = _session()
+    md = export_text(s, "markdown")
+    front = _front(md)
+    assert front["title"] == s.title  # escapes and all, exactly
+    assert (front["model"], front["draft"]) == ("demo (offline)", "demo (offline)")
+    assert "demo/target" not in md and "dflash_tui" not in md  # no install path
+    assert front["settings"] == {"temperature": 0.0, "block_size": 16, "note": "x: [y] # z"}
+    assert front["date"] == "2025-05-01T09:00:00+00:00" and front["session"] == "exp-1"
+    assert front["messages"] == 5 and front["branches"] == 2
+    assert front["replies"] == [
+        {"message": "m3", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
+         "finish": "stop"},
+        {"message": "m7", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
+         "finish": "stop"}]
+    assert "\x1b" not in md and "\x9b" not in md and "\x07" not in md  # inert on a terminal
+    assert "and a tuple?" in md and "and a list?" not in md  # the branch in view
+
+
+def test_code_is_fenced_with_its_language():
+    md = export_text(_session(), "md")
+    assert "```python\n" + BARE.strip("\n") + "\n```" in md  # bare code keeps its lines
+    assert fenced("Here:\n\n```\nimport math\n```") == "Here:\n\n```python\nimport math\n```"
+    assert fenced("```rust\nfn main() {}\n```") == "```rust\nfn main() {}\n```"  # a language given is kept
+    assert fenced("```\nsome words\n```") == "```text\nsome words\n```"
+    assert fenced("Plain prose.\nTwo lines.") == "Plain prose.\nTwo lines."
+    assert fenced("x = '```'\n")  == "x = '```'\n"  # a fence mark mid-line is not a fence
+    assert fenced("import os\nprint('``` ok')") == "````python\nimport os\nprint('``` ok')\n````"
+    assert [code_language(t) for t in ("#include <stdio.h>", "package main", "fn main() {", "SELECT 1",
+                                       "const x = 1;", '{"a": 1}', "import the thing, please?")] == [
+        "c", "go", "rust", "sql", "javascript", "json", None]
+
+
+def test_one_message_and_one_branch():
+    s = _session()
+    md = export_text(s, "md", message="3")
+    assert _front(md)["messages"] == 1 and "## Assistant" in md and "## You" not in md
+    one = json.loads(export_text(s, "json", message="m5"))
+    assert one["message"]["content"].startswith("Here:") and one["figures"]["mode"] == "baseline"
+    assert one["model"] == "demo (offline)"
+    branch = json.loads(export_text(s, "json", branch="m5"))  # the other branch, as a session file of its own
+    from dflash_tui.sessions import session_from_dict
+
+    alone = session_from_dict(branch)
+    assert [m.content for m in alone.messages][3:] == ["and a list?", s.tree.nodes["m5"].content]
+    assert alone.tree.leaves() == 1 and s.messages[3].content == "and a tuple?"  # the view is not changed
+    whole = session_from_dict(json.loads(export_text(s, "json")))
+    assert whole == s  # every branch
+    with pytest.raises(KeyError):
+        export_text(s, "md", message="99")
+
+
+def test_cli_export_by_prefix_of_a_message_and_a_branch(tmp_path, monkeypatch, capsys):
+    store = SessionStore(tmp_path / "sessions")
+    monkeypatch.setattr("dflash_tui.sessions.default_root", lambda: store.root)
+    s = _session()
+    store.save(s)
+    assert main(["sessions", "export", "exp", "--message", "3"]) == 0
+    out = capsys.readouterr().out
+    assert _front(out)["replies"][0]["message"] == "m3" and "```python" in out
+    assert main(["sessions", "export", "exp", "--branch", "m5", "-f", "json", "-o", str(tmp_path / "b.json")]) == 0
+    assert [m.content for m in store.load(tmp_path / "b.json").messages][-2] == "and a list?"
+    assert main(["sessions", "export", "exp", "--message", "m99"]) == 1
+    assert "no message 'm99'" in capsys.readouterr().err
+    assert main(["sessions", "show", "exp"]) == 0
+    out = capsys.readouterr().out
+    assert "‹ 2/2 ›" in out and "m6" in out  # where a message has siblings, and the ids to export by
