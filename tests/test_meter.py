@@ -59,6 +59,7 @@ def test_number_formats():
     assert fmt_bytes(None) == "—"
     assert sampling_label({"temperature": 0.0}) == "greedy"
     assert sampling_label({"temperature": 0.7, "top_p": 0.9, "top_k": 20}) == "temp 0.7 top-p 0.9 top-k 20"
+    assert sampling_label({"temperature": 0.7, "min_p": 0.05}) == "temp 0.7 min-p 0.05"
     assert short_name("/models/cache/Qwen3-8B-4bit") == "Qwen3-8B-4bit" and short_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
 
 

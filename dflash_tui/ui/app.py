@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from textual import on
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.containers import Horizontal, Vertical
 from textual.theme import Theme
 from textual.widgets import Footer
@@ -28,7 +27,9 @@ from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
-from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash
+from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
+from dflash_tui.ui.editor import edit_text
+from dflash_tui.ui.keys import app_bindings, help_rows
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
 from dflash_tui.ui.plain_notify import PlainNotify
@@ -42,7 +43,8 @@ MAX_HOLD_S = 1.0  # however costly a batch was to draw, the next one comes withi
 PANE_REPAINT_S = 0.5  # while a reply streams, the figures and the meter repaint at most this often
 SETTLE_FRAMES = 3  # drawn frames between a turn's start and the engine getting it
 SETTLE_TIMEOUT_S = 0.5  # however long the drawing takes, the engine gets the turn within about this
-_SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "block_size": "block size", "max_tokens": "max tokens"}
+_SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
+                   "block_size": "block size", "max_tokens": "max tokens"}
 
 
 def _short(name: Optional[str]) -> str:
@@ -92,16 +94,7 @@ class DFlashApp(PlainNotify, App[None]):
     COMMANDS = App.COMMANDS | {DFlashProvider}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", show=True),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+n", "new_chat", "New"),
-        Binding("ctrl+l", "pick_model", "Model"),
-        Binding("ctrl+o", "sessions", "Sessions"),
-        Binding("ctrl+y", "copy_reply", "Copy reply", show=False),
-        Binding("f2", "toggle_panes", "Panes", show=False),
-        Binding("f1", "help", "Help"),
-    ]
+    BINDINGS = app_bindings()  # ui/keys.py: one table for the bindings and the F1 help
 
     def __init__(
         self,
@@ -153,7 +146,7 @@ class DFlashApp(PlainNotify, App[None]):
             with Vertical(id="side"):
                 yield AcceptanceView(id="acceptance", figures_interval=PANE_REPAINT_S)
                 yield SystemMeter(id="meter", repaint_interval=PANE_REPAINT_S)
-        yield PromptBox(id="prompt")
+        yield PromptBox(suggestions=slash_suggestions(), id="prompt")
         yield Footer()
 
     # the chat's own widgets, even while a replay screen with its own ChatView is in front
@@ -195,7 +188,7 @@ class DFlashApp(PlainNotify, App[None]):
             if model:
                 self.load_model(model, draft)
             else:
-                self.chat.add_note("No model loaded yet. Pick one (ctrl+l), or start with --model M --draft D, or --demo.")
+                self.chat.add_note("No model loaded yet. Pick one (F3), or start with --model M --draft D, or --demo.")
                 self.call_after_refresh(self.action_pick_model)
         self.prompt.focus()
 
@@ -258,6 +251,10 @@ class DFlashApp(PlainNotify, App[None]):
         if key == "temperature" and value == 0:
             return "0 (greedy)"
         return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def refuse_setting(self, key: str, value: Any) -> Optional[str]:
+        """Why a valid value cannot be used with the pair loaded now; None when it can."""
+        return None
 
     def change_setting(self, key: str, value: Any) -> None:
         setattr(self.options, key, value)
@@ -341,7 +338,7 @@ class DFlashApp(PlainNotify, App[None]):
         self.target_name = self.draft_name = None
         self._pending_load = self._session_after_load = None
         self.chat.add_note(f"Could not load the model. {message.message}", "error")
-        self.chat.add_note("Pick another one with ctrl+l or /model.")
+        self.chat.add_note("Pick another one with F3 or /model.")
         self.meter.set_pair("—", None, "no model")
         self.notify(message.message, title="model not loaded", severity="error", timeout=10)
 
@@ -375,7 +372,7 @@ class DFlashApp(PlainNotify, App[None]):
         elif self.model_state == "loading":
             self.notify("The model is still loading", severity="warning")
         elif self.model_state != "ready":
-            self.notify("No model is loaded; pick one with ctrl+l", severity="warning")
+            self.notify("No model is loaded; pick one with F3 or /model", severity="warning")
         else:
             return True
         return False
@@ -607,21 +604,23 @@ class DFlashApp(PlainNotify, App[None]):
         self.screen.toggle_class("-chat-only")
 
     def action_help(self) -> None:
-        keys = [
-            ("Enter", "send the message"),
-            ("↑ / ↓", "walk the prompt history"),
-            ("Esc", "stop the reply (what was produced is kept)"),
-            ("ctrl+r", "regenerate the last reply"),
-            ("ctrl+n", "new conversation"),
-            ("ctrl+l", "load a model"),
-            ("ctrl+o", "saved sessions"),
-            ("ctrl+y", "copy the last (or the focused) message"),
-            ("c / y", "on a focused message: copy it / copy its code blocks"),
-            ("f2", "hide or show the acceptance and system panes"),
-            ("ctrl+p", "command palette"),
-            ("ctrl+q", "quit"),
-        ]
-        self.push_screen(HelpScreen(keys))
+        self.push_screen(HelpScreen(help_rows()))
+
+    @on(PromptBox.ComposeRequested)
+    def _compose_in_editor(self) -> None:
+        """ctrl+e: the editor gets the terminal, the prompt gets its text back (sent with Enter, as typed)."""
+        prompt = self.prompt
+        try:
+            with self.suspend():
+                edited = edit_text(prompt.value)
+        except SuspendNotSupported:
+            self.notify("this terminal cannot be handed to an editor", severity="warning")
+            return
+        if edited.problem:
+            self.notify(edited.problem, title="editor", severity="error")
+        elif edited.text is not None:
+            prompt.value = edited.text
+        prompt.focus()
 
     # -- sessions --------------------------------------------------------------
     def _store(self):

@@ -70,6 +70,8 @@ def sampling_label(settings: dict[str, Any]) -> str:
         parts.append(f"top-p {settings['top_p']:g}")
     if settings.get("top_k"):
         parts.append(f"top-k {settings['top_k']}")
+    if settings.get("min_p"):
+        parts.append(f"min-p {settings['min_p']:g}")
     if settings.get("seed") is not None:
         parts.append(f"seed {settings['seed']}")
     return " ".join(parts)
