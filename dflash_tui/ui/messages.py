@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Optional
 
 from textual.message import Message
@@ -109,3 +111,20 @@ class EngineNotice(Message):
         super().__init__()
         self.text = text
         self.severity = severity
+
+
+def while_shown(handler):
+    """An engine message handler that does nothing once the app's screens are gone: the
+    engine thread may still post while the app shuts down."""
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def guarded_async(self, message):
+            if self.screen_stack:
+                return await handler(self, message)
+        return guarded_async
+
+    @functools.wraps(handler)
+    def guarded(self, message):
+        if self.screen_stack:
+            return handler(self, message)
+    return guarded
