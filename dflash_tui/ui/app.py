@@ -14,8 +14,7 @@ from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
 
-from dflash_tui.config import Config, LoadedConfig, load_config, save_settings
-from dflash_tui.printable import plain
+from dflash_tui.config import Config, LoadedConfig, load_config
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.acceptance import AcceptanceView
@@ -25,25 +24,19 @@ from dflash_tui.ui.editor import edit_text
 from dflash_tui.ui.keys import app_bindings, help_rows
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
+from dflash_tui.ui.pair_loading import PairLoading, block_too_big
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import ThemeKeeping
 from dflash_tui.ui.turns import TurnStreaming, reply_footer
-from dflash_tui.ui.worker import EngineWorker, Load, NewConversation, Restore, SetSystem
+from dflash_tui.ui.worker import EngineWorker, NewConversation, Restore, SetSystem
 
 PANE_REPAINT_S = 0.5  # while a reply streams, the figures and the meter repaint at most this often
 _SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
                    "block_size": "block size", "max_tokens": "max tokens"}
 
 
-def _short(name: Optional[str]) -> str:
-    """A model name short enough for a title bar: the last path part."""
-    if not name:
-        return "—"
-    return Path(name.rstrip("/")).name if ("/" in name and Path(name).exists()) else name
-
-
-class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
+class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -79,7 +72,7 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
         self.decoder = None  # token id -> text, from the loaded tokenizer
         self.baseline_tps: Optional[float] = None
         self.init_turns()
-        self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
+        self._pending_load = None  # a PendingLoad while the engine loads a pair
         self._theme_save_timer = None
         self._session_after_load = None
         self.session = None
@@ -147,6 +140,10 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
         """Keyword arguments for the engine's GenerationSettings."""
         return {**self.options.generation(), "baseline": self.baseline}
 
+    def acceptance_mode(self) -> str:
+        """What the next reply's cycles are: "dflash", or "baseline" (the target alone, nothing drafted)."""
+        return "baseline" if self.baseline or (self.model_state == "ready" and not self.draft_name) else "dflash"
+
     def meter_settings(self) -> dict[str, Any]:
         s = self.generation_settings()
         s["block_size"] = 1 if self.baseline else (self.options.block_size or self.draft_block_size or None)
@@ -166,7 +163,11 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
 
     def refuse_setting(self, key: str, value: Any) -> Optional[str]:
         """Why a valid value cannot be used with the pair loaded now; None when it can."""
-        return None
+        if key != "block_size" or not isinstance(value, int) or value == 0 or self.model_state != "ready":
+            return None
+        if not self.draft_name:
+            return "there is no draft: the target runs alone, with no block to size"
+        return block_too_big(value, self.draft_block_size)
 
     def change_setting(self, key: str, value: Any) -> None:
         setattr(self.options, key, value)
@@ -187,77 +188,6 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
             self.chat.add_system(text)
         else:
             self.chat.add_note("System prompt cleared.")
-
-    # -- model loading -------------------------------------------------------
-    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False, keep_chat: bool = False) -> None:
-        """Load a pair in the engine thread; a new pair starts a new conversation unless `keep_chat`."""
-        if self.generating:
-            self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
-            return
-        if not keep_chat and self.chat.messages():
-            self.chat.clear()
-            self.session = None
-            if self.system_prompt:
-                self.chat.add_system(self.system_prompt)
-        self.model_state = "loading"
-        self._pending_load = (model, draft, remember)
-        self.chat.show_loading(model)
-        self.meter.set_pair(model, draft, "loading…")
-        self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None))
-
-    @while_shown
-    def on_engine_loading(self, message: msg.EngineLoading) -> None:
-        panel = self.chat.loading_panel or self.chat.show_loading(message.model)
-        panel.set_progress(message.stage, message.fraction)
-
-    @while_shown
-    def on_engine_ready(self, message: msg.EngineReady) -> None:
-        self.chat.hide_loading()
-        self.model_state = "ready"
-        self.target_name, self.draft_name = message.target, message.draft
-        self.draft_block_size = message.block_size
-        self.device = message.device
-        self.decoder = message.decoder
-        self.baseline_tps = None
-        self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
-        if self.session is not None:
-            self.session.decoder = message.decoder
-        self.acceptance.reset()
-        self.acceptance.set_decoder(message.decoder)
-        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
-        self.meter.set_settings(self.meter_settings())
-        self.meter.set_baseline_tps(None)
-        self.chat.border_title = plain(f"conversation · {_short(message.target)}")
-        if message.draft:
-            self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
-        else:
-            self.chat.add_note(f"Loaded {message.target} in {message.seconds:.1f} s with no draft "
-                               f"({message.no_draft or 'none given'}): the target runs alone.")
-        if self._pending_load and self._pending_load[2]:
-            self._remember_pair(message.target, message.draft)
-        self._pending_load = None
-
-    def _remember_pair(self, target: str, draft: Optional[str]) -> None:
-        try:
-            save_settings(self.loaded_config, model=target, draft=draft or "")
-        except (PermissionError, OSError) as exc:
-            self.notify(f"the model choice was not saved: {exc}", severity="warning")
-
-    @while_shown
-    def on_engine_failed(self, message: msg.EngineFailed) -> None:
-        self.chat.hide_loading()
-        self.model_state = "failed"  # the worker dropped the old pair before loading this one
-        self.target_name = self.draft_name = None
-        self._pending_load = self._session_after_load = None
-        self.chat.add_note(f"Could not load the model. {message.message}", "error")
-        self.chat.add_note("Pick another one with F3 or /model.")
-        self.meter.set_pair("—", None, "no model")
-        self.notify(message.message, title="model not loaded", severity="error", timeout=10)
-
-    @while_shown
-    def on_baseline_measured(self, message: msg.BaselineMeasured) -> None:
-        self.baseline_tps = message.tokens_per_second
-        self.meter.set_baseline_tps(message.tokens_per_second)
 
     @while_shown
     def on_memory_sample(self, message: msg.MemorySample) -> None:
@@ -321,7 +251,7 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
             return
         await self.chat.clear()
         self.engine.submit(NewConversation(self.system_prompt or None))
-        self.acceptance.reset()
+        self.acceptance.reset(self.acceptance_mode())
         self.session = None
         if self.system_prompt:
             self.chat.add_system(self.system_prompt)
@@ -357,7 +287,8 @@ class DFlashApp(TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
             return
         messages = [{"role": m.role, "content": m.content} for m in session.messages]
         await self.chat.clear()
-        self.acceptance.reset()
+        self.acceptance.reset(self.acceptance_mode())
+        self.meter.reset_turns()  # the figures of the conversation before go; a new pair resets the rest
         for m in session.messages:
             if m.role == "user":
                 self.chat.add_user(m.content)

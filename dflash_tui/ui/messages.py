@@ -35,12 +35,14 @@ class EngineReady(Message):
 
 
 class EngineFailed(Message):
-    """A load that did not work; the message is one clear line for the user."""
+    """A load that did not work; the message is one clear line for the user. `kept`: the pair in use
+    before is still loaded, its conversation with it."""
 
-    def __init__(self, model: str, message: str) -> None:
+    def __init__(self, model: str, message: str, kept: bool = False) -> None:
         super().__init__()
         self.model = model
         self.message = message
+        self.kept = kept
 
 
 class BaselineMeasured(Message):
@@ -50,6 +52,23 @@ class BaselineMeasured(Message):
         super().__init__()
         self.tokens_per_second = tokens_per_second
         self.source = source  # "probe" | "turn"
+
+
+class ProbeMeasured(Message):
+    """DFlash's decode speed on the probe's prompt (None: not measured), right after the target alone's."""
+
+    def __init__(self, tokens_per_second: Optional[float]) -> None:
+        super().__init__()
+        self.tokens_per_second = tokens_per_second
+
+
+class SizerPlan(Message):
+    """The adaptive block size's next choice, and how many target-alone steps in a row it has taken."""
+
+    def __init__(self, next_block: int, alone: int) -> None:
+        super().__init__()
+        self.next_block = next_block
+        self.alone = alone
 
 
 class TurnStarted(Message):

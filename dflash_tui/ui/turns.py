@@ -67,7 +67,7 @@ class TurnStreaming:
         if text is not None:
             self.chat.add_user(text)
         self._handle = self.chat.start_assistant()
-        self.acceptance.reset()
+        self.acceptance.reset(self.acceptance_mode())
         self.meter.set_settings(self.meter_settings())
         self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
         self._blink = self.prompt.cursor_blink if self._blink is None else self._blink
