@@ -41,9 +41,9 @@ _VISIBLE["\x7f"] = "␡"
 _VISIBLE.update({chr(c): "\ufffd" for c in range(0x80, 0xA0)})  # C1: no pictures, and never raw
 
 Decoder = Callable[[int], str]
-# each swatch padded and set apart, so the four words never run together
+# each coloured swatch padded and set apart, so the four words never run together
 LEGEND = ("[$text on $success 30%] kept [/] [$text-muted strike on $error 35%] rejected [/] "
-          "[$text bold on $accent 45%] target [/] [$text-disabled] unused [/]")
+          "[$text bold on $accent 45%] target [/] [$text-disabled]unused[/]")
 ALONE_SHOWN = 4  # target-alone steps in a row before the pane says drafting does not pay
 ALONE_NOTE = f"drafting does not pay here: target alone, re-checking every {EXPLORE} steps"
 

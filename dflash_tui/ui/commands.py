@@ -219,13 +219,13 @@ class DFlashProvider(Provider):
 def help_markdown(keys: Iterable[tuple[str, str]]) -> str:
     lines = ["# dflash-tui", "", "Type a message and press **Enter**; **shift+enter**, **alt+enter** or **ctrl+j** "
              "start a new line (terminals differ in which they pass on). A message starting with `/` is a command "
-             "(`//` sends a literal `/`).", "", "## Commands", ""]
-    for c in COMMANDS:
-        lines.append(f"- `/{c.name}{(' ' + c.args) if c.args else ''}` — {c.help}")
-    lines += ["", "## Keys", ""]
+             "(`//` sends a literal `/`).", "", "## Keys", ""]
     lines += [f"- `{key}` — {what}" for key, what in keys]
     lines += ["", "ctrl+l is not used (it clears the screen in a shell), nor ctrl+m, ctrl+i, ctrl+h (Enter, Tab, "
-              "Backspace in most terminals).", "", "Settings changed with commands last for this run; the theme and a model picked in the app "
+              "Backspace in most terminals).", "", "## Commands", ""]
+    for c in COMMANDS:
+        lines.append(f"- `/{c.name}{(' ' + c.args) if c.args else ''}` — {c.help}")
+    lines += ["", "Settings changed with commands last for this run; the theme and a model picked in the app "
               "are remembered in config.toml."]
     return "\n".join(lines)
 

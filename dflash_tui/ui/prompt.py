@@ -17,7 +17,7 @@ from textual.widgets import TextArea
 
 HISTORY_LIMIT = 500
 NEWLINE_KEYS = frozenset({"shift+enter", "alt+enter", "ctrl+j"})
-PLACEHOLDER = "Message  (Enter sends · shift+enter new line · / commands · ctrl+e editor · F1 help)"
+PLACEHOLDER = "Message · Enter sends · shift+enter new line · / commands · F1 help"
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 
 
