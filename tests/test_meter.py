@@ -188,6 +188,8 @@ async def test_prefill_speed_only_from_sixteen_new_tokens_else_cached():
         meter.on_done(Done([1], "", "stop", {"mode": "dflash", "prefill_tps": 500.0, "prompt_tokens": 300,
                                              "cached_tokens": 290}))
         assert "prefill cached" in _body(meter) and "500" not in _body(meter)
+        meter.on_prefill(Prefill(prompt_tokens=14, cached_tokens=3, seconds=0.07))  # a short new prompt: no speed
+        assert "prefill — tok/s · ttft 70 ms · 14 prompt (3 cached)" in _body(meter)
         await pilot.pause()
 
 

@@ -192,3 +192,25 @@ async def test_every_key_is_in_the_help_and_none_is_a_terminal_control_key():
         footer = app.screen.query_one("Footer")
         await pilot.pause()
         assert "Model" in " ".join(str(w.render()) for w in footer.query("FooterKey"))
+
+
+def test_alt_enter_as_most_terminals_send_it_is_a_new_line_not_send():
+    from textual._xterm_parser import XTermParser
+
+    DFlashApp(start_engine=False)  # the app sets the reading up
+    # ESC CR: alt+enter without the kitty keyboard protocol (xterm, tmux, most others); CR alone is Enter
+    keys = [e.key for e in XTermParser(debug=False).feed("a\x1b\rb\r")]
+    assert keys == ["a", "ctrl+j", "b", "enter"]
+
+
+async def test_up_down_and_typing_that_arrive_together_are_handled_in_order():
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.prompt.focus()
+        app.prompt.value = "alpha\nbeta\ngamma"
+        await pilot.pause()
+        # as a terminal delivers them in one read (a fast typist, a key repeat, tmux send-keys)
+        for key, char in (("up", None), ("up", None), ("Z", "Z"), ("down", None), ("down", None), ("Q", "Q")):
+            app.post_message(events.Key(key, char))
+        await wait_for(pilot, lambda: "Q" in app.prompt.value, 5, "the keys")
+        assert app.prompt.value == "alphaZ\nbeta\ngammaQ"

@@ -21,7 +21,7 @@ from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
 from dflash_tui.ui.editor import edit_text
-from dflash_tui.ui.keys import app_bindings, help_rows
+from dflash_tui.ui.keys import app_bindings, help_rows, read_alt_enter_as_new_line
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
 from dflash_tui.ui.pair_loading import PairLoading, block_too_big
@@ -54,6 +54,7 @@ class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]
         probe_tokens: Optional[int] = None,
     ) -> None:
         super().__init__()
+        read_alt_enter_as_new_line()
         self.loaded_config = config or load_config()
         cfg = self.loaded_config.config
         self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file

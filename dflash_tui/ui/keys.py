@@ -52,6 +52,18 @@ PROMPT_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
+def read_alt_enter_as_new_line() -> None:
+    """Most terminals send alt+enter as ESC CR, which Textual reads as a plain Enter (only terminals with
+    the kitty keyboard protocol send a real alt+enter): read it as ctrl+j, the new-line key, so alt+enter
+    never sends a half-written message."""
+    try:
+        from textual._ansi_sequences import ANSI_SEQUENCES_KEYS
+        from textual.keys import Keys
+    except ImportError:  # a Textual that moved its table: alt+enter is then whatever Textual makes of it
+        return
+    ANSI_SEQUENCES_KEYS.setdefault("\x1b\r", (Keys.ControlJ,))
+
+
 def app_bindings() -> list[Binding]:
     return [Binding(k.key, k.action, k.label, show=k.footer) for k in APP_KEYS]
 

@@ -404,8 +404,9 @@ class SystemMeter(Widget):
         # prefill
         t.append(" · " if not compact else "\n", label)
         t.append("prefill " if not compact else "pre ", label)
-        if s.prefill_tps is None and s.cached_tokens:
-            t.append("cached", value)  # too few new tokens to time: the rest came from the cache
+        new = (s.prompt_tokens or 0) - (s.cached_tokens or 0)
+        if s.prefill_tps is None and s.cached_tokens and s.cached_tokens > new:
+            t.append("cached", value)  # too few new tokens to time: the prompt came from the cache
             t.append(" · ttft ", label)
         else:
             t.append(fmt_rate(s.prefill_tps), value)

@@ -28,8 +28,6 @@ def message_text(text: str) -> str:
 
 class PromptBox(TextArea):
     BINDINGS = [
-        Binding("up", "history_or_up(-1)", "Previous", show=False),
-        Binding("down", "history_or_up(1)", "Next", show=False),
         Binding("ctrl+e", "compose", "Editor", show=False),  # TextArea's line end stays on End
         Binding("ctrl+y", "app.copy_reply", "Copy reply", show=False),  # not TextArea's redo: the app's copy
     ]
@@ -83,6 +81,12 @@ class PromptBox(TextArea):
             event.stop()
             event.prevent_default()
             self.replace("\n", *self.selection)
+        elif event.key in ("up", "down"):
+            # here, not as a binding: a binding's action runs after the keys already queued, so a fast
+            # "up, up, x" would type x before the cursor moved
+            event.stop()
+            event.prevent_default()
+            self.action_history_or_up(-1 if event.key == "up" else 1)
 
     def action_history_or_up(self, step: int) -> None:
         """Up on the first line and down on the last walk the history; elsewhere they move the cursor."""
