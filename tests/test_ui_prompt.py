@@ -214,3 +214,13 @@ async def test_up_down_and_typing_that_arrive_together_are_handled_in_order():
             app.post_message(events.Key(key, char))
         await wait_for(pilot, lambda: "Q" in app.prompt.value, 5, "the keys")
         assert app.prompt.value == "alphaZ\nbeta\ngammaQ"
+
+
+async def test_ctrl_c_in_the_prompt_says_how_to_quit_in_plain_words():
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.prompt.focus()
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: app._notifications, 5, "the hint")
+        (hint,) = [n.message for n in app._notifications]
+        assert hint == "Press ctrl+q to quit the app" and app.is_running
