@@ -296,3 +296,29 @@ async def test_model_picker_lists_each_pair_once_with_its_size_and_whether_it_do
         known = [p for p in shown if "known pair" in p]
         assert known and all("needs a download (size unknown offline)" in p for p in known), known
         assert len(shown) == len(set(shown))
+
+
+def test_a_known_pairs_download_size_comes_from_the_hub_or_is_said_unknown(monkeypatch):
+    from dflash_tui.ui import model_sources as ms
+
+    choice = ms.ModelChoice("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "", "known", None, True)
+    asked = []
+
+    def answer(repo, patterns):  # the hub cannot be reached from the tests: what it would say
+        asked.append(repo)
+        return {"Qwen/Qwen3-8B": 16_400_000_000, "z-lab/Qwen3-8B-DFlash-b16": 1_000_000_000}[repo]
+
+    monkeypatch.setattr(ms, "hub_size", answer)
+    sized, answered = ms.with_download_size(choice, {}, None)
+    assert answered and sized.size == 17_400_000_000 and "needs a download of 16.2 GB" in sized.detail
+    sized, _ = ms.with_download_size(choice, {"z-lab/Qwen3-8B-DFlash-b16": 10}, None)  # the draft is cached
+    assert sized.size == 16_400_000_000 and asked[-1] == "Qwen/Qwen3-8B"
+
+    def no_answer(repo, patterns):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(ms, "hub_size", no_answer)
+    sized, answered = ms.with_download_size(choice, {}, None)
+    assert not answered and "size unknown: no answer from the hub" in sized.detail and sized.size is None
+    sized, _ = ms.with_download_size(choice, {}, ms.OFFLINE)
+    assert "(size unknown offline)" in sized.detail

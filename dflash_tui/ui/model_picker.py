@@ -14,7 +14,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
-from dflash_tui.ui.model_sources import ModelChoice, cache_sizes, hub_offline, model_choices, with_download_size
+from dflash_tui.ui.model_sources import (NO_ANSWER, OFFLINE, ModelChoice, cache_sizes, hub_offline, model_choices,
+                                         with_download_size)
 
 TITLES = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair"}
 
@@ -58,12 +59,12 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
         choices = model_choices(self.current, self.current_draft, self.cache_dir)
         self.app.call_from_thread(self._show, choices)
         # then what the known pairs would download, as the hub answers (offline: said at once)
-        cached, online = cache_sizes(self.cache_dir), not hub_offline()
+        cached, unknown = cache_sizes(self.cache_dir), (OFFLINE if hub_offline() else None)
         for i, choice in enumerate(choices):
             if choice.group != "known":
                 continue
-            sized, answered = with_download_size(choice, cached, online)
-            online = online and answered
+            sized, answered = with_download_size(choice, cached, unknown)
+            unknown = unknown or (None if answered else NO_ANSWER)
             self.app.call_from_thread(self._resize, i, sized)
 
     @staticmethod

@@ -163,16 +163,20 @@ def hub_size(repo: str, patterns: tuple[str, ...]) -> Optional[int]:
     return sum(x for x in sizes if x) if sizes else None
 
 
-def with_download_size(choice: ModelChoice, cached: dict[str, int], online: bool) -> tuple[ModelChoice, bool]:
-    """A known pair's detail with what it downloads (target and draft), or why that is not known; and
-    whether the hub answered (once it does not, the rest need not wait for it)."""
+OFFLINE = "size unknown offline"
+NO_ANSWER = "size unknown: no answer from the hub"
+
+
+def with_download_size(choice: ModelChoice, cached: dict[str, int], unknown: Optional[str]) -> tuple[ModelChoice, bool]:
+    """A known pair's detail with what it downloads (target and draft); `unknown`: do not ask the hub, say
+    this instead. Also whether the hub answered (once it does not, the rest need not wait for it)."""
     note = _draft_note(choice.draft, cached)
-    if not online:
-        return replace(choice, detail=f"needs a download (size unknown offline) · {note}"), False
+    if unknown:
+        return replace(choice, detail=f"needs a download ({unknown}) · {note}"), False
     try:
         total = hub_size(choice.target, TARGET_PATTERNS) or 0
         if choice.draft and choice.draft not in cached:
             total += hub_size(choice.draft, DRAFT_PATTERNS) or 0
     except Exception:  # offline, gated, renamed: the size stays unknown
-        return replace(choice, detail=f"needs a download (size unknown: the hub did not answer) · {note}"), False
+        return replace(choice, detail=f"needs a download ({NO_ANSWER}) · {note}"), False
     return replace(choice, size=total, detail=f"needs a download of {human_size(total)} · {note}"), True
