@@ -119,6 +119,7 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "temperature": _float(0.0, 10.0),
     "top_p": _float(0.0, 1.0, open_low=True),
     "top_k": _int(0, 1_000_000),
+    "min_p": _float(0.0, 1.0),
     "seed": _seed,
     "baseline_probe_tokens": _int(0, 1024),
     "trust_remote_code": _bool,
@@ -136,6 +137,7 @@ class Config:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0  # 0 = off
     seed: int = -1  # -1 = no fixed seed
     baseline_probe_tokens: int = 32  # a short target-only run after load measures the speedup; 0 = off
     trust_remote_code: bool = False
@@ -151,6 +153,7 @@ class Config:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
+            "min_p": self.min_p,
             "seed": None if self.seed < 0 else self.seed,
         }
 

@@ -128,3 +128,49 @@ def _feed_last_reply(app) -> None:
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_snapshot_acceptance_after_a_reply(snap_compare, size):
     assert snap_compare(PanesApp(feed=_feed_last_reply), terminal_size=size)
+
+
+def _alone(i: int) -> Block:
+    return Block(i, [], 0, [5], "a")
+
+
+def _drafted(i: int) -> Block:
+    return Block(i, [1, 2, 3], 1, [1, 9], "b")
+
+
+async def test_the_pane_says_in_words_when_the_sizer_runs_the_target_alone():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        view = pilot.app.query_one(AcceptanceView)
+        view.reset("dflash")
+        view.add_blocks([_alone(0), _drafted(1), _alone(2), _alone(3), _alone(4)])  # three: not yet "a while"
+        await pilot.pause()
+        assert not view.note.display
+        view.add_blocks([_alone(5)])
+        await pilot.pause()
+        assert view.note.display and view.note.region.height >= 1
+        assert str(view.note.render()) == "drafting does not pay here: target alone, re-checking every 12 steps"
+        view.add_blocks([_drafted(6)] + [_alone(i) for i in range(7, 19)])  # the sizer's one re-check
+        await pilot.pause()
+        assert view.note.display
+        view.add_blocks([_drafted(19), _drafted(20)])  # drafting pays again
+        await pilot.pause()
+        assert not view.note.display
+        view.reset("baseline")  # a /baseline reply: nothing drafted on purpose, no sizer to speak of
+        view.add_blocks([_alone(i) for i in range(10)])
+        await pilot.pause()
+        assert not view.note.display
+
+
+def test_the_legend_swatches_stand_apart():
+    from textual.content import Content
+
+    from dflash_tui.ui.acceptance import LEGEND
+
+    legend = Content.from_markup(LEGEND)
+    assert legend.plain.split() == ["kept", "rejected", "target", "unused"]
+    # every swatch with a background is padded inside its colour, and a plain space lies between two spans
+    coloured = sorted((s.start, s.end) for s in legend.spans if " on " in str(s.style))
+    assert len(coloured) == 3
+    assert all(legend.plain[a] == " " and legend.plain[b - 1] == " " for a, b in coloured)
+    spans = sorted((s.start, s.end) for s in legend.spans)
+    assert all(a2 > b1 for (_, b1), (a2, _) in zip(spans, spans[1:]))

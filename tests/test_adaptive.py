@@ -42,6 +42,26 @@ def test_a_draft_that_does_not_pay_gives_way_to_the_target_alone_and_is_tried_ag
     assert s.choose() > 1 and s.alone == 0
 
 
+def test_peek_tells_the_next_choice_without_making_it():
+    costs = {1: 0.75, **STEEP}
+    s = BlockSizer(costs, 16)
+    for _ in range(60):
+        s.observe(16, 0)
+    for _ in range(2 * (EXPLORE + 1)):  # through the target-alone stretches and the checks between them
+        before = (s.alone, dict(s.chosen))
+        nxt = s.peek()
+        assert (s.alone, s.chosen) == before  # nothing counted
+        assert s.choose() == nxt
+
+
+def test_the_sizer_needs_no_mlx():
+    import subprocess
+    import sys
+
+    code = "import sys, dflash_tui.engine.block_sizer; sys.exit(any(m == 'mlx' or m.startswith('mlx.') for m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
 def test_a_new_stretch_of_text_takes_over_within_a_few_cycles():
     """A short reply must not run on what a long, easy one taught: after 60 fully accepted
     blocks, a few cycles that reject the second proposal bring the choice down."""

@@ -112,3 +112,20 @@ def test_unknown_target_needs_a_draft(qwen3_dirs):
 def test_bad_flags(qwen3_dirs, args, needle):
     r = cli("generate", "x", *pair_args(qwen3_dirs), *args)
     assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stdin_with_its_line_end_gives_the_reply_the_same_text_as_an_argument_gives(qwen3_dirs):
+    args = [*pair_args(qwen3_dirs), "--max-tokens", "12", "--json"]
+    piped = cli("generate", "-", *args, stdin="two lines\nof text\n")  # what `echo` or a file hands over
+    given = cli("generate", "two lines\nof text", *args)
+    assert piped.returncode == 0 and given.returncode == 0, piped.stderr + given.stderr
+    assert json.loads(piped.stdout.splitlines()[-1])["tokens"] == json.loads(given.stdout.splitlines()[-1])["tokens"]
+    assert json.loads(piped.stdout.splitlines()[0])["prompt_tokens"] == json.loads(given.stdout.splitlines()[0])["prompt_tokens"]
+
+
+def test_baseline_prints_target_only_figures(qwen3_dirs):
+    r = cli("generate", "hi", *pair_args(qwen3_dirs), "--max-tokens", "6", "--baseline")
+    assert r.returncode == 0, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "target only" in last and "tokens/cycle" not in last and "acceptance" not in last, last
+    assert "6 tokens" in last

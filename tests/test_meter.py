@@ -59,6 +59,7 @@ def test_number_formats():
     assert fmt_bytes(None) == "—"
     assert sampling_label({"temperature": 0.0}) == "greedy"
     assert sampling_label({"temperature": 0.7, "top_p": 0.9, "top_k": 20}) == "temp 0.7 top-p 0.9 top-k 20"
+    assert sampling_label({"temperature": 0.7, "min_p": 0.05}) == "temp 0.7 min-p 0.05"
     assert short_name("/models/cache/Qwen3-8B-4bit") == "Qwen3-8B-4bit" and short_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
 
 
@@ -111,7 +112,122 @@ async def test_target_only_is_said_plainly_with_no_draft_and_when_the_sizer_drop
         meter.on_blocks([Block(2, [], 0, [6], "c")], 0.1)
         await pilot.pause()
         body = str(meter._body.render())
-        assert "block auto (now 1: target only)" in body and "no draft" not in body
+        assert "block auto (now 1: target alone)" in body and "no draft" not in body
+
+
+def _body(meter: SystemMeter) -> str:
+    return str(meter._body.render())
+
+
+def _style_of(meter: SystemMeter, needle: str):
+    text = meter._body.render()
+    start = text.plain.index(needle)
+    return next(span.style for span in text.spans if span.start <= start < span.end)
+
+
+async def test_the_probe_speedup_shows_once_measured_and_is_coloured_by_value():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        await pilot.pause()  # laid out: the wide labels
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        meter.set_settings({"block_size": "auto", "mode": "dflash"})
+        assert "— speedup (no baseline measured yet)" in _body(meter)
+        meter.set_baseline_tps(25.0)
+        assert "— speedup (DFlash not measured yet)" in _body(meter)
+        meter.set_probe_tps(50.0)  # no reply yet: the probe's own figure
+        assert "2.00× vs 25.0 tok/s target alone (probe)" in _body(meter)
+        assert _style_of(meter, "2.00×") == meter._body.style("good")
+        meter.set_probe_tps(20.0)  # slower than the target alone: a warning, never green
+        assert "0.80× vs 25.0 tok/s target alone (probe)" in _body(meter)
+        assert _style_of(meter, "0.80×") == meter._body.style("warn") != meter._body.style("good")
+        await pilot.pause()
+
+
+def _turn(meter: SystemMeter, tokens: int, seconds: float, finish: str = "stop") -> None:
+    meter.on_prefill(Prefill(40, 0, 0.1))
+    meter.on_blocks([Block(i, [1] * 3, 3, [1] * 4, "x") for i in range(tokens // 4)], seconds)
+    meter.on_done(Done([1] * tokens, "", finish, {"mode": "dflash", "decode_tps": tokens / seconds,
+                                                   "generated_tokens": tokens, "cycles": tokens // 4,
+                                                   "tokens_per_cycle": 4.0}))
+
+
+async def test_a_stopped_or_short_reply_does_not_replace_the_speedup():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        await pilot.pause()  # laid out: the wide labels
+        meter.set_settings({"block_size": 16, "mode": "dflash"})
+        meter.set_baseline_tps(25.0)
+        meter.set_probe_tps(40.0)
+        _turn(meter, 40, 0.5)  # 80 tok/s over 40 tokens: a full reply replaces the probe's figure
+        assert "3.20× vs 25.0 tok/s target alone" in _body(meter) and "(probe)" not in _body(meter)
+        _turn(meter, 8, 1.0)  # 8 tokens: too short to time the pair
+        assert "3.20× vs 25.0 tok/s target alone (last full reply)" in _body(meter)
+        _turn(meter, 40, 4.0, finish="cancelled")  # stopped with Esc
+        assert "3.20× vs 25.0 tok/s target alone (last full reply)" in _body(meter)
+        assert meter.state.tps == pytest.approx(10.0)  # the turn's own speed is still shown above
+        # while a reply streams, its own figure once it has 16 tokens, the kept one before
+        meter.on_prefill(Prefill(40, 0, 0.1))
+        meter.on_blocks([Block(1, [1] * 3, 3, [1] * 4, "x")] * 3, 0.1)  # 12 tokens
+        assert "3.20×" in _body(meter)
+        meter.on_blocks([Block(2, [1] * 3, 3, [1] * 4, "x")] * 2, 0.1)  # 20 tokens in 0.2 s
+        assert "4.00× vs 25.0 tok/s target alone" in _body(meter)
+        await pilot.pause()
+
+
+async def test_prefill_speed_only_from_sixteen_new_tokens_else_cached():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        await pilot.pause()  # laid out: the wide labels
+        meter.on_prefill(Prefill(prompt_tokens=48, cached_tokens=0, seconds=0.1))
+        assert "prefill 480 tok/s" in _body(meter)
+        meter.on_done(Done([1], "", "stop", {"mode": "dflash", "prefill_tps": 480.0, "prompt_tokens": 48,
+                                             "cached_tokens": 0}))
+        meter.on_prefill(Prefill(prompt_tokens=300, cached_tokens=290, seconds=0.02))  # 10 new tokens
+        assert "prefill cached · ttft 20 ms · 300 prompt (290 cached)" in _body(meter)
+        meter.on_done(Done([1], "", "stop", {"mode": "dflash", "prefill_tps": 500.0, "prompt_tokens": 300,
+                                             "cached_tokens": 290}))
+        assert "prefill cached" in _body(meter) and "500" not in _body(meter)
+        meter.on_prefill(Prefill(prompt_tokens=14, cached_tokens=3, seconds=0.07))  # a short new prompt: no speed
+        assert "prefill — tok/s · ttft 70 ms · 14 prompt (3 cached)" in _body(meter)
+        await pilot.pause()
+
+
+async def test_block_auto_shows_the_sizers_next_choice_within_the_drafts_size():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        await pilot.pause()  # laid out: the wide labels
+        meter.set_settings({"block_size": "auto", "max_block": 8, "mode": "dflash"})
+        meter.on_prefill(Prefill(40, 0, 0.1))
+        meter.on_blocks([Block(1, [1] * 11, 2, [1] * 3, "x")], 0.1)  # a cycle of 12, past the draft's 8
+        assert "block auto (now 8)" in _body(meter)
+        meter.set_sizer_plan(6)
+        assert "block auto (next 6)" in _body(meter)
+        meter.set_sizer_plan(1)
+        assert "block auto (next 1: target alone)" in _body(meter)
+        await pilot.pause()
+
+
+async def test_a_new_pair_resets_every_figure_and_a_session_the_turns():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        await pilot.pause()  # laid out: the wide labels
+        meter.set_settings({"block_size": "auto", "mode": "dflash", "max_block": 16})
+        meter.set_baseline_tps(25.0)
+        meter.set_probe_tps(40.0)
+        meter.set_sizer_plan(8)
+        _turn(meter, 40, 0.5)
+        meter.reset_turns()  # a session opened on the same pair
+        assert meter.state.turns == [] and meter.state.tps is None and meter.state.kept_tps is None
+        assert "1.60× vs 25.0 tok/s target alone (probe)" in _body(meter)  # the pair's own figures stay
+        meter.reset_pair()  # another pair
+        state = meter.state
+        assert (state.baseline_tps, state.probe_tps, state.next_block, state.turns, state.prefill_tps) == (
+            None, None, None, [], None)
+        assert state.settings["max_block"] == 16
+        await pilot.pause()
 
 
 def _feed_mid_reply(app) -> None:

@@ -597,7 +597,7 @@ async def test_a_turn_runs_with_a_short_gil_switch_and_frozen_collector_and_rest
     import gc
     import sys
 
-    from dflash_tui.ui import app as app_mod
+    from dflash_tui.ui import turns as turns_mod
 
     app = make_app(qwen3_dirs, probe_tokens=0)
     app.options.max_tokens = 100000
@@ -606,13 +606,13 @@ async def test_a_turn_runs_with_a_short_gil_switch_and_frozen_collector_and_rest
         await ready(pilot, app)
         await send(pilot, app, "go")
         await wait_for(pilot, lambda: engine_events and len(engine_events[0]) > 5, what="some blocks")
-        assert sys.getswitchinterval() == pytest.approx(app_mod.TURN_SWITCH_INTERVAL_S)
+        assert sys.getswitchinterval() == pytest.approx(turns_mod.TURN_SWITCH_INTERVAL_S)
         assert gc.get_freeze_count() > 0  # a full collection skips what existed when the turn began
         asked = []
         shown = app.engine.blocks_shown
         app.engine.blocks_shown = lambda hold_s=0.0: (asked.append(hold_s), shown(hold_s))
         await wait_for(pilot, lambda: asked, what="a batch to be painted")
-        assert 0 <= asked[0] <= app_mod.MAX_HOLD_S  # the UI paces the batches by what drawing them cost
+        assert 0 <= asked[0] <= turns_mod.MAX_HOLD_S  # the UI paces the batches by what drawing them cost
         await pilot.press("escape")
         await finish_turn(pilot, app, timeout=10)
         assert sys.getswitchinterval() == pytest.approx(before)

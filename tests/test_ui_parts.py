@@ -12,7 +12,8 @@ install_placeholders()
 
 from dflash_tui.ui import messages as msg  # noqa: E402
 from dflash_tui.ui.commands import parse  # noqa: E402
-from dflash_tui.ui.model_picker import ModelPicker, cached_models, known_pairs  # noqa: E402
+from dflash_tui.ui.model_picker import ModelPicker  # noqa: E402
+from dflash_tui.ui.model_sources import cached_models, known_pairs  # noqa: E402
 from dflash_tui.ui.themes import ThemeError, load_themes, theme_from_dict  # noqa: E402
 from dflash_tui.ui.worker import FLUSH_INTERVAL_S, EngineWorker, Generate  # noqa: E402
 
@@ -257,3 +258,67 @@ def test_a_reply_start_is_held_back_only_while_it_could_still_be_code():
         assert _start_undecided(start), start
     for start in ("Hello", "def f(x):", "from os import path", "Sure, here", "class\n", "default"):
         assert not _start_undecided(start), start
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_model_picker_lists_each_pair_once_with_its_size_and_whether_it_downloads(tmp_path, anyio_backend):
+    from textual.app import App
+    from textual.widgets import OptionList
+
+    from dflash_tui.demo import demo_draft_path, demo_target_path
+
+    _fake_cache(tmp_path, "Qwen/Qwen3-4B", {"architectures": ["Qwen3ForCausalLM"]})
+    demo_target, demo_draft = str(demo_target_path()), str(demo_draft_path())
+
+    class Host(App):
+        def on_mount(self):
+            # the demo is the pair loaded now: listed once, as such
+            self.push_screen(ModelPicker(demo_target, cache_dir=tmp_path, current_draft=demo_draft))
+
+    app = Host()
+    async with app.run_test(size=(160, 40)) as pilot:
+        options = app.screen.query_one(OptionList)
+
+        def prompts() -> list[str]:
+            return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+        for _ in range(200):  # the list, then the known pairs' download sizes (offline here: said at once)
+            if options.option_count and not any("asking the hub" in p for p in prompts()):
+                break
+            await pilot.pause(0.05)
+        shown = prompts()
+        demo_rows = [p for p in shown if demo_target in p]
+        assert len(demo_rows) == 1 and "loaded now" in demo_rows[0]
+        assert "MB on disk, no download" in demo_rows[0]
+        (cached,) = [p for p in shown if "Qwen/Qwen3-4B" in p]  # the known pair's target is cached: once
+        assert "in your cache" in cached and "B on disk" in cached and "(needs a download)" in cached
+        known = [p for p in shown if "known pair" in p]
+        assert known and all("needs a download (size unknown offline)" in p for p in known), known
+        assert len(shown) == len(set(shown))
+
+
+def test_a_known_pairs_download_size_comes_from_the_hub_or_is_said_unknown(monkeypatch):
+    from dflash_tui.ui import model_sources as ms
+
+    choice = ms.ModelChoice("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "", "known", None, True)
+    asked = []
+
+    def answer(repo, patterns):  # the hub cannot be reached from the tests: what it would say
+        asked.append(repo)
+        return {"Qwen/Qwen3-8B": 16_400_000_000, "z-lab/Qwen3-8B-DFlash-b16": 1_000_000_000}[repo]
+
+    monkeypatch.setattr(ms, "hub_size", answer)
+    sized, answered = ms.with_download_size(choice, {}, None)
+    assert answered and sized.size == 17_400_000_000 and "needs a download of 16.2 GB" in sized.detail
+    sized, _ = ms.with_download_size(choice, {"z-lab/Qwen3-8B-DFlash-b16": 10}, None)  # the draft is cached
+    assert sized.size == 16_400_000_000 and asked[-1] == "Qwen/Qwen3-8B"
+
+    def no_answer(repo, patterns):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(ms, "hub_size", no_answer)
+    sized, answered = ms.with_download_size(choice, {}, None)
+    assert not answered and "size unknown: no answer from the hub" in sized.detail and sized.size is None
+    sized, _ = ms.with_download_size(choice, {}, ms.OFFLINE)
+    assert "(size unknown offline)" in sized.detail

@@ -261,6 +261,7 @@ def test_batches_wait_by_what_drawing_cost_but_the_first_words_do_not():
     from types import SimpleNamespace
 
     from dflash_tui.ui import app as app_mod
+    from dflash_tui.ui import turns as turns_mod
 
     asked: list[float] = []
     ui = SimpleNamespace(_handle=SimpleNamespace(showing=False), engine=SimpleNamespace(blocks_shown=asked.append))
@@ -272,5 +273,5 @@ def test_batches_wait_by_what_drawing_cost_but_the_first_words_do_not():
     ui._painted_cpu = time.thread_time()  # nothing spent: no wait
     app_mod.DFlashApp._blocks_painted(ui)
     assert asked[0] == 0.0  # nothing of the reply on screen yet: no wait
-    assert asked[1] == app_mod.MAX_HOLD_S  # costly drawing: the longest wait, no longer
+    assert asked[1] == turns_mod.MAX_HOLD_S  # costly drawing: the longest wait, no longer
     assert 0.0 <= asked[2] < 0.05

@@ -65,7 +65,7 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
             # what Enter does, without pilot.press: after a key it polls until the process is idle
             # (up to twice a second of sleeps at 50 Hz, while the engine decodes), which a user's
             # keypress never does
-            await app.prompt.action_submit()
+            app.prompt.submit()
             # woken by the reply's end: polling (or pilot.pause, which messages every widget and forces a
             # repaint) would take the GIL from the engine
             await done.wait()

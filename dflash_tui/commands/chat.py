@@ -9,9 +9,30 @@ from dflash_tui.commands.common import add_model_arguments
 from dflash_tui.errors import UserError
 
 
+# flag -> Config key; values are checked as config.toml's are (one message for a bad one)
+DECODING_FLAGS: dict[str, str] = {
+    "temp": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+    "block_size": "block_size",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    parser.add_argument("--system", metavar="S", help="a system prompt for this run")
+    g = parser.add_argument_group("decoding (for this run; config.toml's values otherwise)")
+    g.add_argument("--temp", "--temperature", dest="temp", metavar="T", help="sampling temperature; 0 = greedy")
+    g.add_argument("--top-p", metavar="P", help="nucleus sampling: the top tokens up to probability P (1 = off)")
+    g.add_argument("--top-k", metavar="K", help="sample from the K likeliest tokens (0 = off)")
+    g.add_argument("--min-p", metavar="P", help="drop tokens less likely than P times the likeliest (0 = off)")
+    g.add_argument("--max-tokens", metavar="N", help="longest reply, in tokens")
+    g.add_argument("--seed", metavar="S", help="fix the sampling seed (-1 = none)")
+    g.add_argument("--block-size", metavar="B",
+                   help="auto (adaptive, the default), 0 (the draft's own) or N from 2 up to the draft's own")
+    parser.add_argument("--system-prompt", "--system", dest="system", metavar="S", help="a system prompt for this run")
     parser.add_argument("--theme", metavar="NAME", help="a theme for this run (the one in config.toml otherwise)")
     parser.add_argument("--no-probe", action="store_true",
                         help="skip the short target-only run after load (the meter then shows no speedup until a /baseline turn)")
@@ -50,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_config()
     model, draft = _pair(args, loaded.config.model)
+    apply_flags(args, loaded.config)
     if args.system is not None:
         loaded.config.system = args.system
     if args.theme:
@@ -65,6 +87,20 @@ def run(args: argparse.Namespace) -> int:
     # quickly while the UI thread renders, instead of the default 5 ms per hand-over
     sys.setswitchinterval(0.001)
     return run_to_the_end(app)
+
+
+def apply_flags(args: argparse.Namespace, config) -> None:
+    """Put the decoding flags given into `config` (this run only: the file is not written)."""
+    from dflash_tui.config import VALIDATORS, BadValue
+
+    for flag, key in DECODING_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        try:
+            setattr(config, key, VALIDATORS[key](value))
+        except BadValue as exc:
+            raise UserError(f"--{flag.replace('_', '-')}: {exc}") from None
 
 
 def run_to_the_end(app, **run_kwargs) -> int:

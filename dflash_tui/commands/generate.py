@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_sampling_arguments(parser)
     parser.add_argument("--baseline", action="store_true", help="target alone, no draft (for A/B)")
-    parser.add_argument("--system", metavar="S", help="a system message")
+    parser.add_argument("--system-prompt", "--system", dest="system", metavar="S", help="a system message")
     parser.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
     parser.add_argument("--json", action="store_true", help="one JSON object per event on stdout")
     add_distributed_arguments(parser)
@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     from dflash_tui.engine.events import Block, Done, Error, Prefill, event_to_dict
     from dflash_tui.engine.loading import load_pair
 
-    prompt = read_stdin() if args.prompt == "-" else args.prompt
+    prompt = strip_one_newline(read_stdin()) if args.prompt == "-" else args.prompt
     for name, text in (("the prompt", prompt), ("--system", args.system or "")):
         if not is_utf8(text):  # argv bytes that are not UTF-8 arrive as lone surrogates
             raise UserError(f"{name} is not valid UTF-8 text")
@@ -89,16 +89,30 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
             out.flush()
         elif isinstance(event, Done):
             out.write("\n")
-            s = event.stats
-            where = f", {s['ranks']} ranks {s['parallel']} parallel, comm {s['comm_ms']:.1f} ms" if "ranks" in s else ""
-            print(
-                f"[{s['generated_tokens']} tokens, {s['decode_tps']:.1f} tok/s, "
-                f"{s['tokens_per_cycle']:.2f} tokens/cycle, acceptance {s['acceptance']:.0%}{where}, {event.finish_reason}]",
-                file=err,
-            )
+            print(figures_line(event), file=err)
         elif isinstance(event, Prefill):
             pass
     return 0
+
+
+def figures_line(done) -> str:
+    """The closing line on stderr; a target-only run has no cycles, so no cycle figures."""
+    s = done.stats
+    parts = [f"{s['generated_tokens']} tokens", f"{s['decode_tps']:.1f} tok/s"]
+    if s.get("mode") == "baseline":
+        parts.append("target only (no draft)")
+    else:
+        parts += [f"{s['tokens_per_cycle']:.2f} tokens/cycle", f"acceptance {s['acceptance']:.0%}"]
+    if "ranks" in s:
+        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, comm {s['comm_ms']:.1f} ms")
+    return f"[{', '.join(parts)}, {done.finish_reason}]"
+
+
+def strip_one_newline(text: str) -> str:
+    """`echo TEXT |` adds a line end the same TEXT as an argument does not have: drop that one."""
+    if text.endswith("\r\n"):
+        return text[:-2]
+    return text[:-1] if text.endswith("\n") else text
 
 
 def read_stdin() -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import mlx.core as mx
 
-from dflash_tui.engine.draft import DFlashDraft, load_draft
+from dflash_tui.engine.draft import DFlashDraft, load_draft, resolve_checkpoint
 from dflash_tui.engine.registry import draft_for
 from dflash_tui.engine.target import Target
 from dflash_tui.errors import UserError
@@ -85,12 +85,13 @@ def fetch(repo: str, patterns: list[str], report: ProgressFn, stage: str, lo: fl
 
 
 def load_target(model: str, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None,
-                ranks: Optional["Ranks"] = None) -> Target:
-    """The target through `mlx_lm.load`, run by mlx-lm's own code; with `ranks`, through
-    mlx-lm's `sharded_load`, this rank's shard of it (engine/distributed.py)."""
+                source: Optional[str] = None, ranks: Optional["Ranks"] = None) -> Target:
+    """The target through `mlx_lm.load`, run by mlx-lm's own code; `source`: where `locate_pair`
+    found it; with `ranks`, through mlx-lm's `sharded_load`, this rank's shard of it
+    (engine/distributed.py)."""
     import mlx_lm
 
-    source = target_source(model)
+    source = source or target_source(model)
     if progress is not None and source == model and _looks_like_repo_id(model) and ranks is None:
         source = fetch(model, TARGET_FILES, progress, "downloading target", 0.0, 0.4)
     try:
@@ -132,6 +133,75 @@ def check_fit(target: Target, draft: DFlashDraft) -> None:
         raise UserError("draft does not fit the target: " + "; ".join(c.detail for c in bad))
 
 
+DRAFT_FILES = ["*.json", "*.safetensors"]
+
+
+@dataclass
+class PairFiles:
+    """Where a pair's files are: found, or downloaded, before anything is loaded into memory."""
+
+    model: str  # as named
+    target: str  # a local directory, or the repo id itself for mlx-lm to fetch
+    draft_name: Optional[str]
+    draft: Optional[str]  # a local directory, or a repo id
+
+
+def locate_pair(model: str, draft: Optional[str] = None, progress: Optional[ProgressFn] = None,
+                require_draft: bool = True) -> PairFiles:
+    """Check names, fetch hub files (with `progress`) and check that a local draft fits, loading no
+    weights: a typo, an offline hub id or a draft built for another model fails here, while the pair
+    in use stays loaded."""
+    report = progress or (lambda stage, frac: None)
+    source = target_source(model)
+    draft_name = draft or draft_for(model)
+    if draft_name is None and require_draft:
+        raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
+    if progress is not None and source == model and _looks_like_repo_id(model):
+        source = fetch(model, TARGET_FILES, progress, "downloading target", 0.0, 0.4)
+    draft_path = draft_name
+    if draft_name is not None:
+        if _looks_like_repo_id(draft_name):
+            if progress is not None:
+                draft_path = fetch(draft_name, DRAFT_FILES, report, "downloading draft", 0.4, 0.5)
+        else:
+            draft_path = str(resolve_checkpoint(draft_name, allow_download=False))
+    if draft_path is not None and Path(source).is_dir() and Path(draft_path).is_dir():
+        _check_fit_from_files(Path(source), Path(draft_path))
+    return PairFiles(model, source, draft_name, draft_path)
+
+
+def _check_fit_from_files(target: Path, draft: Path) -> None:
+    """The fit checks from config files and weight headers; files that cannot be read are left to the load
+    to report."""
+    from dflash_tui.engine.facts import draft_facts, target_facts
+    from dflash_tui.engine.fit import failed, fit_checks
+
+    try:
+        t, d = target_facts(target), draft_facts(draft)
+    except Exception:  # unreadable or unusual files: the real load says what is wrong with them
+        return
+    bad = failed(fit_checks(d.config, t.hidden_size, t.vocab_size, t.num_layers))
+    if bad:
+        raise UserError("draft does not fit the target: " + "; ".join(c.detail for c in bad))
+
+
+def load_located(files: PairFiles, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None,
+                 draft_dtype: mx.Dtype = mx.bfloat16, ranks: Optional["Ranks"] = None) -> Pair:
+    """Load what `locate_pair` found."""
+    report = progress or (lambda stage, frac: None)
+    report("loading target", 0.5)
+    target = load_target(files.model, trust_remote_code=trust_remote_code, progress=progress, source=files.target,
+                         ranks=ranks)
+    dmodel = None
+    if files.draft is not None:
+        report("loading draft", 0.9)
+        dmodel = load_draft(files.draft, dtype=draft_dtype)
+        check_fit(target, dmodel)
+        target.set_capture(dmodel.config.target_layer_ids)
+    report("ready", 1.0)
+    return Pair(target=target, draft=dmodel, target_name=files.model, draft_name=files.draft_name)
+
+
 def load_pair(
     model: str,
     draft: Optional[str] = None,
@@ -142,22 +212,5 @@ def load_pair(
     ranks: Optional["Ranks"] = None,
 ) -> Pair:
     """Load target and draft for inference; `draft=None` looks the target up in the registry."""
-    report = progress or (lambda stage, frac: None)
-    target_source(model)
-    draft_name = draft or draft_for(model)
-    if draft_name is None and require_draft:
-        raise UserError(f"no known DFlash draft for {model}; pass one with --draft")
-    report("loading target", 0.0)
-    target = load_target(model, trust_remote_code=trust_remote_code, progress=progress, ranks=ranks)
-    dmodel = None
-    if draft_name is not None:
-        if progress is not None and _looks_like_repo_id(draft_name):
-            draft_name_path = fetch(draft_name, ["*.json", "*.safetensors"], report, "downloading draft", 0.5, 0.9)
-        else:
-            draft_name_path = draft_name
-        report("loading draft", 0.9)
-        dmodel = load_draft(draft_name_path, dtype=draft_dtype)
-        check_fit(target, dmodel)
-        target.set_capture(dmodel.config.target_layer_ids)
-    report("ready", 1.0)
-    return Pair(target=target, draft=dmodel, target_name=model, draft_name=draft_name)
+    files = locate_pair(model, draft, progress, require_draft)
+    return load_located(files, trust_remote_code, progress, draft_dtype, ranks=ranks)

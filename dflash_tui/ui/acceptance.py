@@ -26,6 +26,9 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 from textual.widget import Widget
 
+from textual.widgets import Static
+
+from dflash_tui.engine.block_sizer import EXPLORE
 from dflash_tui.engine.events import Block
 from dflash_tui.ui.throttle import Throttle
 
@@ -38,7 +41,11 @@ _VISIBLE["\x7f"] = "␡"
 _VISIBLE.update({chr(c): "\ufffd" for c in range(0x80, 0xA0)})  # C1: no pictures, and never raw
 
 Decoder = Callable[[int], str]
-LEGEND = "[$text on $success 30%]kept[/] [$text-muted strike on $error 35%]rejected[/][$text bold on $accent 45%]target[/] [$text-disabled]unused[/]"
+# each coloured swatch padded and set apart, so the four words never run together
+LEGEND = ("[$text on $success 30%] kept [/] [$text-muted strike on $error 35%] rejected [/] "
+          "[$text bold on $accent 45%] target [/] [$text-disabled]unused[/]")
+ALONE_SHOWN = 4  # target-alone steps in a row before the pane says drafting does not pay
+ALONE_NOTE = f"drafting does not pay here: target alone, re-checking every {EXPLORE} steps"
 
 
 def visible_token(text: str, limit: int = CELL_CHARS) -> str:
@@ -70,13 +77,24 @@ class AcceptanceStats:
     position_drafted: list[int] = field(default_factory=list)  # [k-1]: cycles that drafted position k
     position_accepted: list[int] = field(default_factory=list)  # [k-1]: cycles that accepted position k
     accepted_lengths: list[int] = field(default_factory=list)  # [a]: cycles that accepted exactly a
+    alone_run: int = 0  # target-alone steps in a row after the first token (the block sizer's choice)
+    drafted_run: int = 0  # drafted cycles in a row
+    # the sizer runs the target alone: set after ALONE_SHOWN such steps, cleared once two drafted cycles in
+    # a row show drafting pays again (its single re-checks in between leave it set)
+    sizer_alone: bool = False
 
     def add(self, blocks: Iterable[Block]) -> None:
         for b in blocks:
             n = len(b.drafted)
             if n == 0:
                 self.target_steps += 1
+                if b.index > 0:
+                    self.alone_run, self.drafted_run = self.alone_run + 1, 0
+                    self.sizer_alone = self.sizer_alone or self.alone_run >= ALONE_SHOWN
                 continue
+            self.alone_run, self.drafted_run = 0, self.drafted_run + 1
+            if self.drafted_run >= 2:
+                self.sizer_alone = False
             self.cycles += 1
             self.drafted += n
             self.accepted += b.accepted
@@ -341,6 +359,8 @@ class AcceptanceView(Widget):
     DEFAULT_CSS = """
     AcceptanceView { layout: vertical; height: 1fr; }
     AcceptanceView > AcceptanceFigures { background: $boost; margin-bottom: 0; }
+    AcceptanceView > .acceptance-note { height: auto; padding: 0 1; color: $warning; background: $boost; display: none; }
+    AcceptanceView > .acceptance-note.-shown { display: block; }
     """
 
     def __init__(self, max_rows: int = MAX_ROWS, figures_interval: float = 0.0, **kwargs) -> None:
@@ -349,6 +369,8 @@ class AcceptanceView(Widget):
         self.stats = AcceptanceStats()
         self.figures = AcceptanceFigures(self.stats)
         self.rows = AcceptanceRows(max_rows)
+        self.note = Static("", markup=False, classes="acceptance-note")
+        self.mode = "dflash"  # "baseline": nothing is drafted on purpose, so no sizer to speak of
         self._paint_figures = Throttle(self.figures.refresh, figures_interval, self._later)
 
     def _later(self, delay: float, callback):
@@ -356,6 +378,7 @@ class AcceptanceView(Widget):
 
     def compose(self) -> ComposeResult:
         yield self.figures
+        yield self.note
         yield self.rows
 
     def on_mount(self) -> None:
@@ -368,14 +391,24 @@ class AcceptanceView(Widget):
             return
         self.stats.add(blocks)
         self.rows.add(list(blocks))
+        self._show_note()
         self._paint_figures()
 
     def show_figures(self) -> None:
         """Repaint the figures now (the reply is over: its final figures, not a throttled lag)."""
         self._paint_figures.now()
 
-    def reset(self) -> None:
+    def _show_note(self) -> None:
+        shown = self.stats.sizer_alone and self.mode == "dflash"
+        if shown != self.note.has_class("-shown"):
+            self.note.update(ALONE_NOTE if shown else "")
+            self.note.set_class(shown, "-shown")
+
+    def reset(self, mode: str = "dflash") -> None:
+        """Start over for a reply whose cycles are `mode`'s ("dflash" or "baseline")."""
+        self.mode = mode
         self.stats.__init__()  # the figures widget holds this same object
+        self._show_note()
         self.rows.clear()
         self._paint_figures.now()
         self._paint_figures.reset()  # the next reply's first batch draws its figures at once

@@ -6,102 +6,43 @@ owns the models in its own thread; nothing here calls MLX.
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import gc
-import inspect
-import sys
-import time
 from pathlib import Path
 from typing import Any, Optional
 
 from textual import on
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.containers import Horizontal, Vertical
-from textual.theme import Theme
 from textual.widgets import Footer
 
-from dflash_tui.config import DEFAULT_THEME, Config, LoadedConfig, data_dir, load_config, save_settings
-from dflash_tui.printable import plain
-from dflash_tui.sessions import TraceRecorder
+from dflash_tui.config import Config, LoadedConfig, load_config
 from dflash_tui.ui import messages as msg
+from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.acceptance import AcceptanceView
-from dflash_tui.ui.chat_view import AssistantHandle, ChatView
-from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash
+from dflash_tui.ui.chat_view import ChatView
+from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
+from dflash_tui.ui.editor import edit_text
+from dflash_tui.ui.keys import app_bindings, help_rows, read_alt_enter_as_new_line
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
+from dflash_tui.ui.pair_loading import PairLoading, block_too_big
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
-from dflash_tui.ui.themes import load_themes
-from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem
+from dflash_tui.ui.themes import ThemeKeeping
+from dflash_tui.ui.turns import TurnStreaming, reply_footer
+from dflash_tui.ui.worker import EngineWorker, NewConversation, Restore, SetSystem
 
-TURN_SWITCH_INTERVAL_S = 0.0005  # the GIL switch interval while a reply streams (Python's default: 5 ms)
-UI_BUDGET = 0.03  # while a reply streams, the UI thread aims to use at most this share of the time
-MAX_HOLD_S = 1.0  # however costly a batch was to draw, the next one comes within this
 PANE_REPAINT_S = 0.5  # while a reply streams, the figures and the meter repaint at most this often
-SETTLE_FRAMES = 3  # drawn frames between a turn's start and the engine getting it
-SETTLE_TIMEOUT_S = 0.5  # however long the drawing takes, the engine gets the turn within about this
-_SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "block_size": "block size", "max_tokens": "max tokens"}
+_SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p",
+                   "block_size": "block size", "max_tokens": "max tokens"}
 
 
-def _short(name: Optional[str]) -> str:
-    """A model name short enough for a title bar: the last path part."""
-    if not name:
-        return "—"
-    return Path(name.rstrip("/")).name if ("/" in name and Path(name).exists()) else name
-
-
-def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
-    n = stats.get("generated_tokens", 0)
-    parts = [f"{n} tokens"]
-    if stats.get("mode") == "dflash":
-        parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
-        parts.append(f"{100 * stats.get('acceptance', 0):.0f}% accepted")
-    else:
-        parts.append("target only")
-    if stats.get("decode_tps"):
-        parts.append(f"{stats['decode_tps']:.1f} tok/s")
-    if finish_reason == "cancelled":
-        parts.append("stopped")
-    elif finish_reason == "length":
-        parts.append("hit max tokens")
-    return " · ".join(parts)
-
-
-def while_shown(handler):
-    """An engine message handler that does nothing once the app's screens are gone: the
-    engine thread may still post while the app shuts down."""
-    if inspect.iscoroutinefunction(handler):
-        @functools.wraps(handler)
-        async def guarded_async(self, message):
-            if self.screen_stack:
-                return await handler(self, message)
-        return guarded_async
-
-    @functools.wraps(handler)
-    def guarded(self, message):
-        if self.screen_stack:
-            return handler(self, message)
-    return guarded
-
-
-class DFlashApp(PlainNotify, App[None]):
+class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", show=True),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+n", "new_chat", "New"),
-        Binding("ctrl+l", "pick_model", "Model"),
-        Binding("ctrl+o", "sessions", "Sessions"),
-        Binding("ctrl+y", "copy_reply", "Copy reply", show=False),
-        Binding("f2", "toggle_panes", "Panes", show=False),
-        Binding("f1", "help", "Help"),
-    ]
+    BINDINGS = app_bindings()  # ui/keys.py: one table for the bindings and the F1 help
 
     def __init__(
         self,
@@ -113,6 +54,7 @@ class DFlashApp(PlainNotify, App[None]):
         probe_tokens: Optional[int] = None,
     ) -> None:
         super().__init__()
+        read_alt_enter_as_new_line()
         self.loaded_config = config or load_config()
         cfg = self.loaded_config.config
         self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file
@@ -130,17 +72,8 @@ class DFlashApp(PlainNotify, App[None]):
         self.device: Optional[str] = None
         self.decoder = None  # token id -> text, from the loaded tokenizer
         self.baseline_tps: Optional[float] = None
-        self.generating = False
-        self.turn_id = 0
-        self._handle: Optional[AssistantHandle] = None
-        self._queued_turn: Optional[Generate] = None  # the turn the engine gets once its messages are drawn
-        self._switch_interval: Optional[float] = None  # the interpreter's own, while a turn runs with ours
-        self._painted_cpu = 0.0  # the UI thread's CPU time when the last batch was painted
-        self._blink: Optional[bool] = None  # the prompt's cursor blink, while a turn turns it off
-        self._turn_user_text: Optional[str] = None
-        self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
-        self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
-        self._pending_load: Optional[tuple[str, Optional[str], bool]] = None
+        self.init_turns()
+        self._pending_load = None  # a PendingLoad while the engine loads a pair
         self._theme_save_timer = None
         self._session_after_load = None
         self.session = None
@@ -153,7 +86,7 @@ class DFlashApp(PlainNotify, App[None]):
             with Vertical(id="side"):
                 yield AcceptanceView(id="acceptance", figures_interval=PANE_REPAINT_S)
                 yield SystemMeter(id="meter", repaint_interval=PANE_REPAINT_S)
-        yield PromptBox(id="prompt")
+        yield PromptBox(suggestions=slash_suggestions(), id="prompt")
         yield Footer()
 
     # the chat's own widgets, even while a replay screen with its own ChatView is in front
@@ -195,7 +128,7 @@ class DFlashApp(PlainNotify, App[None]):
             if model:
                 self.load_model(model, draft)
             else:
-                self.chat.add_note("No model loaded yet. Pick one (ctrl+l), or start with --model M --draft D, or --demo.")
+                self.chat.add_note("No model loaded yet. Pick one (F3), or start with --model M --draft D, or --demo.")
                 self.call_after_refresh(self.action_pick_model)
         self.prompt.focus()
 
@@ -203,44 +136,14 @@ class DFlashApp(PlainNotify, App[None]):
         self._save_theme()
         await self.engine.stopped()  # the engine thread ends (and frees MLX) before the interpreter does
 
-    # -- themes ------------------------------------------------------------
-    def _setup_themes(self) -> None:
-        themes, problems = load_themes()
-        for theme in themes:
-            self.register_theme(theme)
-        for problem in problems:
-            self.notify(problem, title="theme", severity="warning", timeout=8)
-        wanted = self.options.theme
-        if wanted in self.available_themes:
-            self.theme = wanted
-        else:
-            if wanted != DEFAULT_THEME:
-                self.notify(f"no theme named '{wanted}'; using {DEFAULT_THEME}", severity="warning")
-            self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
-        self.theme_changed_signal.subscribe(self, self._theme_changed)
-
-    def _theme_changed(self, theme: Theme) -> None:
-        self.options.theme = theme.name
-        # the theme picker previews as you move: write once things settle
-        if self._theme_save_timer is not None:
-            self._theme_save_timer.stop()
-        self._theme_save_timer = self.set_timer(0.8, self._save_theme)
-
-    def _save_theme(self) -> None:
-        self._theme_save_timer = None
-        if self.options.theme == self.loaded_config.config.theme:
-            return
-        try:
-            save_settings(self.loaded_config, theme=self.options.theme)
-        except PermissionError as exc:
-            self.notify(str(exc), title="theme not saved", severity="warning")
-        except OSError as exc:
-            self.notify(f"could not write {self.loaded_config.path}: {exc}", title="theme not saved", severity="error")
-
     # -- settings ----------------------------------------------------------
     def generation_settings(self) -> dict[str, Any]:
         """Keyword arguments for the engine's GenerationSettings."""
         return {**self.options.generation(), "baseline": self.baseline}
+
+    def acceptance_mode(self) -> str:
+        """What the next reply's cycles are: "dflash", or "baseline" (the target alone, nothing drafted)."""
+        return "baseline" if self.baseline or (self.model_state == "ready" and not self.draft_name) else "dflash"
 
     def meter_settings(self) -> dict[str, Any]:
         s = self.generation_settings()
@@ -258,6 +161,14 @@ class DFlashApp(PlainNotify, App[None]):
         if key == "temperature" and value == 0:
             return "0 (greedy)"
         return f"{value:g}" if isinstance(value, float) else str(value)
+
+    def refuse_setting(self, key: str, value: Any) -> Optional[str]:
+        """Why a valid value cannot be used with the pair loaded now; None when it can."""
+        if key != "block_size" or not isinstance(value, int) or value == 0 or self.model_state != "ready":
+            return None
+        if not self.draft_name:
+            return "there is no draft: the target runs alone, with no block to size"
+        return block_too_big(value, self.draft_block_size)
 
     def change_setting(self, key: str, value: Any) -> None:
         setattr(self.options, key, value)
@@ -278,77 +189,6 @@ class DFlashApp(PlainNotify, App[None]):
             self.chat.add_system(text)
         else:
             self.chat.add_note("System prompt cleared.")
-
-    # -- model loading -------------------------------------------------------
-    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False, keep_chat: bool = False) -> None:
-        """Load a pair in the engine thread; a new pair starts a new conversation unless `keep_chat`."""
-        if self.generating:
-            self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
-            return
-        if not keep_chat and self.chat.messages():
-            self.chat.clear()
-            self.session = None
-            if self.system_prompt:
-                self.chat.add_system(self.system_prompt)
-        self.model_state = "loading"
-        self._pending_load = (model, draft, remember)
-        self.chat.show_loading(model)
-        self.meter.set_pair(model, draft, "loading…")
-        self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None))
-
-    @while_shown
-    def on_engine_loading(self, message: msg.EngineLoading) -> None:
-        panel = self.chat.loading_panel or self.chat.show_loading(message.model)
-        panel.set_progress(message.stage, message.fraction)
-
-    @while_shown
-    def on_engine_ready(self, message: msg.EngineReady) -> None:
-        self.chat.hide_loading()
-        self.model_state = "ready"
-        self.target_name, self.draft_name = message.target, message.draft
-        self.draft_block_size = message.block_size
-        self.device = message.device
-        self.decoder = message.decoder
-        self.baseline_tps = None
-        self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
-        if self.session is not None:
-            self.session.decoder = message.decoder
-        self.acceptance.reset()
-        self.acceptance.set_decoder(message.decoder)
-        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
-        self.meter.set_settings(self.meter_settings())
-        self.meter.set_baseline_tps(None)
-        self.chat.border_title = plain(f"conversation · {_short(message.target)}")
-        if message.draft:
-            self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
-        else:
-            self.chat.add_note(f"Loaded {message.target} in {message.seconds:.1f} s with no draft "
-                               f"({message.no_draft or 'none given'}): the target runs alone.")
-        if self._pending_load and self._pending_load[2]:
-            self._remember_pair(message.target, message.draft)
-        self._pending_load = None
-
-    def _remember_pair(self, target: str, draft: Optional[str]) -> None:
-        try:
-            save_settings(self.loaded_config, model=target, draft=draft or "")
-        except (PermissionError, OSError) as exc:
-            self.notify(f"the model choice was not saved: {exc}", severity="warning")
-
-    @while_shown
-    def on_engine_failed(self, message: msg.EngineFailed) -> None:
-        self.chat.hide_loading()
-        self.model_state = "failed"  # the worker dropped the old pair before loading this one
-        self.target_name = self.draft_name = None
-        self._pending_load = self._session_after_load = None
-        self.chat.add_note(f"Could not load the model. {message.message}", "error")
-        self.chat.add_note("Pick another one with ctrl+l or /model.")
-        self.meter.set_pair("—", None, "no model")
-        self.notify(message.message, title="model not loaded", severity="error", timeout=10)
-
-    @while_shown
-    def on_baseline_measured(self, message: msg.BaselineMeasured) -> None:
-        self.baseline_tps = message.tokens_per_second
-        self.meter.set_baseline_tps(message.tokens_per_second)
 
     @while_shown
     def on_memory_sample(self, message: msg.MemorySample) -> None:
@@ -375,129 +215,10 @@ class DFlashApp(PlainNotify, App[None]):
         elif self.model_state == "loading":
             self.notify("The model is still loading", severity="warning")
         elif self.model_state != "ready":
-            self.notify("No model is loaded; pick one with ctrl+l", severity="warning")
+            self.notify("No model is loaded; pick one with F3 or /model", severity="warning")
         else:
             return True
         return False
-
-    def start_turn(self, text: Optional[str]) -> None:
-        """Send `text` (None: regenerate the last reply)."""
-        self.turn_id += 1
-        self.generating = True
-        self._turn_user_text = text
-        self._recorder = TraceRecorder()
-        self._held_for_panes = []
-        if text is not None:
-            self.chat.add_user(text)
-        self._handle = self.chat.start_assistant()
-        self.acceptance.reset()
-        self.meter.set_settings(self.meter_settings())
-        self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
-        self._blink = self.prompt.cursor_blink if self._blink is None else self._blink
-        self.prompt.cursor_blink = False  # a blink is a repaint twice a second, taken from the decode
-        self.refresh_bindings()
-        # the engine starts once the new messages and the footer are mounted and drawn: that burst
-        # of layout would otherwise land in the first cycles and slow the decode
-        self.run_worker(self._submit_when_drawn(self._handle), group="turn-start", exit_on_error=False)
-
-    async def _submit_when_drawn(self, handle: AssistantHandle) -> None:
-        try:
-            await asyncio.wait_for(handle.mounted(), SETTLE_TIMEOUT_S)
-            for _ in range(SETTLE_FRAMES):  # the footer's keys and the message's parts mount over a few frames
-                drawn = asyncio.get_running_loop().create_future()
-                self.call_after_refresh(lambda: drawn.done() or drawn.set_result(None))
-                await asyncio.wait_for(drawn, SETTLE_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            pass  # never hold a turn back for the drawing
-        finally:
-            self._submit_turn()
-
-    def _submit_turn(self) -> None:
-        request, self._queued_turn = self._queued_turn, None
-        if request is not None and request.turn_id == self.turn_id and self.generating:
-            # a full collection walks every widget and holds the GIL the engine needs; until the
-            # turn ends it skips what exists now (gc.unfreeze hands those objects back)
-            gc.freeze()
-            # the GIL changes hands sooner, so the engine thread waits less behind a repaint
-            self._switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(TURN_SWITCH_INTERVAL_S)
-            self._painted_cpu = time.thread_time()
-            self.engine.submit(request)
-
-    def _current(self, turn_id: int) -> bool:
-        return turn_id == self.turn_id and self._handle is not None
-
-    @while_shown
-    def on_turn_prefill(self, message: msg.TurnPrefill) -> None:
-        if self._current(message.turn_id):
-            self.meter.on_prefill(message.event)
-            self._recorder.add(message.event)
-
-    @while_shown
-    async def on_turn_blocks(self, message: msg.TurnBlocks) -> None:
-        self.call_after_refresh(self._blocks_painted)  # ask for the next batch once this one is painted
-        if not self._current(message.turn_id):
-            return
-        handle = self._handle
-        self._recorder.add_blocks(message.blocks, message.elapsed_s)
-        self._held_for_panes.append((message.blocks, message.elapsed_s))
-        with self.batch_update():  # the rows, the meter and the reply in one frame, not three
-            if handle.showing:
-                self._show_in_panes()
-            # else: the batch that puts the reply's first words up draws them alone, at once (the
-            # smallest frame, when the decode is fastest); the panes show its cycles with the next one
-            handle.append(message.text)
-            await handle.written()
-
-    def _show_in_panes(self) -> None:
-        held, self._held_for_panes = self._held_for_panes, []
-        if held:
-            self.acceptance.add_blocks([b for blocks, _ in held for b in blocks])
-            self.meter.on_batches(held)
-
-    def _blocks_painted(self) -> None:
-        # what the UI thread spent since the last batch was painted sets how long the next one waits:
-        # on this core it competes with the engine (the GIL), so drawing less often keeps decoding fast
-        now = time.thread_time()
-        spent, self._painted_cpu = now - self._painted_cpu, now
-        if self._handle is not None and not self._handle.showing:
-            self.engine.blocks_shown(0.0)  # nothing of the reply on screen yet: its first words go at once
-            return
-        self.engine.blocks_shown(min(MAX_HOLD_S, spent / UI_BUDGET))
-
-    @while_shown
-    def on_turn_done(self, message: msg.TurnDone) -> None:
-        if not self._current(message.turn_id):
-            return
-        ev = message.event
-        self._show_in_panes()
-        self.meter.on_done(ev)
-        self._recorder.add(ev)
-        self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
-        self.acceptance.show_figures()
-        self._end_turn()
-        self._record_turn(ev.text)
-
-    @while_shown
-    def on_turn_failed(self, message: msg.TurnFailed) -> None:
-        if not self._current(message.turn_id):
-            return
-        self._show_in_panes()
-        self._handle.finish(None, "failed")
-        self.acceptance.show_figures()
-        self.chat.add_note(message.message, "error")
-        self._end_turn()
-
-    def _end_turn(self) -> None:
-        gc.unfreeze()
-        if self._switch_interval is not None:
-            sys.setswitchinterval(self._switch_interval)
-            self._switch_interval = None
-        self.generating = False
-        self._handle = None
-        if self._blink is not None:
-            self.prompt.cursor_blink, self._blink = self._blink, None
-        self.refresh_bindings()
 
     # -- actions -------------------------------------------------------------
     _CHAT_ACTIONS = {"stop", "regenerate", "new_chat", "pick_model", "sessions", "copy_reply", "toggle_panes", "help"}
@@ -531,7 +252,7 @@ class DFlashApp(PlainNotify, App[None]):
             return
         await self.chat.clear()
         self.engine.submit(NewConversation(self.system_prompt or None))
-        self.acceptance.reset()
+        self.acceptance.reset(self.acceptance_mode())
         self.session = None
         if self.system_prompt:
             self.chat.add_system(self.system_prompt)
@@ -567,7 +288,8 @@ class DFlashApp(PlainNotify, App[None]):
             return
         messages = [{"role": m.role, "content": m.content} for m in session.messages]
         await self.chat.clear()
-        self.acceptance.reset()
+        self.acceptance.reset(self.acceptance_mode())
+        self.meter.reset_turns()  # the figures of the conversation before go; a new pair resets the rest
         for m in session.messages:
             if m.role == "user":
                 self.chat.add_user(m.content)
@@ -607,21 +329,23 @@ class DFlashApp(PlainNotify, App[None]):
         self.screen.toggle_class("-chat-only")
 
     def action_help(self) -> None:
-        keys = [
-            ("Enter", "send the message"),
-            ("↑ / ↓", "walk the prompt history"),
-            ("Esc", "stop the reply (what was produced is kept)"),
-            ("ctrl+r", "regenerate the last reply"),
-            ("ctrl+n", "new conversation"),
-            ("ctrl+l", "load a model"),
-            ("ctrl+o", "saved sessions"),
-            ("ctrl+y", "copy the last (or the focused) message"),
-            ("c / y", "on a focused message: copy it / copy its code blocks"),
-            ("f2", "hide or show the acceptance and system panes"),
-            ("ctrl+p", "command palette"),
-            ("ctrl+q", "quit"),
-        ]
-        self.push_screen(HelpScreen(keys))
+        self.push_screen(HelpScreen(help_rows()))
+
+    @on(PromptBox.ComposeRequested)
+    def _compose_in_editor(self) -> None:
+        """ctrl+e: the editor gets the terminal, the prompt gets its text back (sent with Enter, as typed)."""
+        prompt = self.prompt
+        try:
+            with self.suspend():
+                edited = edit_text(prompt.value)
+        except SuspendNotSupported:
+            self.notify("this terminal cannot be handed to an editor", severity="warning")
+            return
+        if edited.problem:
+            self.notify(edited.problem, title="editor", severity="error")
+        elif edited.text is not None:
+            prompt.value = edited.text
+        prompt.focus()
 
     # -- sessions --------------------------------------------------------------
     def _store(self):

@@ -30,6 +30,8 @@ _CONTROL[0x7F] = 0x2421
 _CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})  # C1 (a lone CSI is as good as ESC [) have no pictures
 _FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^(?P=fence)[ \t]*$|\Z)", re.M | re.S)
 _FENCE_LINE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)")
+# the app can only ask the terminal (OSC 52): it cannot know whether the terminal did it
+CLIPBOARD_NOTE = "went to the terminal's clipboard (OSC 52; some terminals ignore it, tmux needs set-clipboard on)"
 MARKDOWN_INTERVAL_S = 1.0  # while a reply streams, its Markdown is re-parsed at most this often
 
 
@@ -130,7 +132,7 @@ class MessageBlock(Vertical, can_focus=True):
 
     def action_copy_message(self) -> None:
         self.app.copy_to_clipboard(self.raw_text)
-        self.app.notify(f"Copied the {self.ROLE} message ({len(self.raw_text)} characters)", timeout=2)
+        self.app.notify(f"The {self.ROLE} message ({len(self.raw_text)} characters) {CLIPBOARD_NOTE}", timeout=4)
 
     def action_copy_code(self) -> None:
         blocks = code_blocks(display_text(self.raw_text))
@@ -138,7 +140,7 @@ class MessageBlock(Vertical, can_focus=True):
             self.app.notify("This message has no code blocks", severity="warning", timeout=2)
             return
         self.app.copy_to_clipboard("\n\n".join(blocks))
-        self.app.notify(f"Copied {len(blocks)} code block{'s' if len(blocks) > 1 else ''}", timeout=2)
+        self.app.notify(f"{len(blocks)} code block{'s' if len(blocks) > 1 else ''} {CLIPBOARD_NOTE}", timeout=4)
 
 
 class UserMessage(MessageBlock):

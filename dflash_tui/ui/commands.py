@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Optional
+from typing import Any, Awaitable, Callable, Iterable, Optional, Protocol
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,8 +15,34 @@ from textual.widgets import Markdown
 
 from dflash_tui.config import VALIDATORS, BadValue
 
-if TYPE_CHECKING:
-    from dflash_tui.ui.app import DFlashApp
+
+class ChatControls(Protocol):
+    """What the slash commands and the palette ask of the chat app (the app is never imported here)."""
+
+    baseline: bool
+    theme: str
+    available_themes: dict[str, Any]
+
+    def notify(self, message: str, *, title: str = "", severity: Any = "information",
+               timeout: Optional[float] = None, markup: bool = False) -> None: ...
+    async def action_new_chat(self) -> None: ...
+    def action_regenerate(self) -> None: ...
+    def action_stop(self) -> None: ...
+    def action_pick_model(self) -> None: ...
+    def action_sessions(self) -> None: ...
+    def action_copy_reply(self) -> None: ...
+    def action_copy_code(self) -> None: ...
+    def action_help(self) -> None: ...
+    def search_themes(self) -> None: ...
+    def set_system_prompt(self, text: str) -> None: ...
+    def describe_setting(self, key: str) -> str: ...
+    def refuse_setting(self, key: str, value: Any) -> Optional[str]: ...
+    def change_setting(self, key: str, value: Any) -> None: ...
+    def set_baseline(self, on_: bool) -> None: ...
+    def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False,
+                   keep_chat: bool = False) -> None: ...
+    def save_session(self, announce: bool = True) -> None: ...
+    def export_conversation(self, path: Optional[str]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -24,20 +50,20 @@ class SlashCommand:
     name: str
     args: str
     help: str
-    run: Callable[["DFlashApp", str], Awaitable[None]]
+    run: Callable[[ChatControls, str], Awaitable[None]]
 
 
 # -- handlers: each gets the app and the text after the command name ---------
-async def _new(app: "DFlashApp", arg: str) -> None:
+async def _new(app: ChatControls, arg: str) -> None:
     await app.action_new_chat()
 
 
-async def _system(app: "DFlashApp", arg: str) -> None:
+async def _system(app: ChatControls, arg: str) -> None:
     app.set_system_prompt(arg)
 
 
-def _setting(key: str, label: str) -> Callable[["DFlashApp", str], Awaitable[None]]:
-    async def run(app: "DFlashApp", arg: str) -> None:
+def _setting(key: str, label: str) -> Callable[[ChatControls, str], Awaitable[None]]:
+    async def run(app: ChatControls, arg: str) -> None:
         if not arg:
             app.notify(f"{label} is {app.describe_setting(key)}", title=f"/{_NAME_OF[key]}")
             return
@@ -46,12 +72,16 @@ def _setting(key: str, label: str) -> Callable[["DFlashApp", str], Awaitable[Non
         except BadValue as exc:
             app.notify(f"{label} {exc}", title=f"/{_NAME_OF[key]}", severity="error")
             return
+        refused = app.refuse_setting(key, value)
+        if refused:
+            app.notify(refused, title=f"/{_NAME_OF[key]}", severity="error")
+            return
         app.change_setting(key, value)
 
     return run
 
 
-async def _baseline(app: "DFlashApp", arg: str) -> None:
+async def _baseline(app: ChatControls, arg: str) -> None:
     if arg:
         try:
             value = VALIDATORS["trust_remote_code"](arg)  # the same on/off parser
@@ -63,7 +93,7 @@ async def _baseline(app: "DFlashApp", arg: str) -> None:
     app.set_baseline(value)
 
 
-async def _model(app: "DFlashApp", arg: str) -> None:
+async def _model(app: ChatControls, arg: str) -> None:
     parts = arg.split()
     if not parts:
         app.action_pick_model()
@@ -73,7 +103,7 @@ async def _model(app: "DFlashApp", arg: str) -> None:
         app.load_model(parts[0], parts[1] if len(parts) > 1 else None, remember=True)
 
 
-async def _theme(app: "DFlashApp", arg: str) -> None:
+async def _theme(app: ChatControls, arg: str) -> None:
     if not arg:
         app.search_themes()
         return
@@ -85,19 +115,19 @@ async def _theme(app: "DFlashApp", arg: str) -> None:
     app.theme = arg
 
 
-async def _save(app: "DFlashApp", arg: str) -> None:
+async def _save(app: ChatControls, arg: str) -> None:
     app.save_session(announce=True)
 
 
-async def _export(app: "DFlashApp", arg: str) -> None:
+async def _export(app: ChatControls, arg: str) -> None:
     app.export_conversation(arg or None)
 
 
-async def _help(app: "DFlashApp", arg: str) -> None:
+async def _help(app: ChatControls, arg: str) -> None:
     app.action_help()
 
 
-async def _retry(app: "DFlashApp", arg: str) -> None:
+async def _retry(app: ChatControls, arg: str) -> None:
     app.action_regenerate()
 
 
@@ -106,7 +136,10 @@ COMMANDS: list[SlashCommand] = [
     SlashCommand("system", "[TEXT]", "set the system prompt; no text clears it", _system),
     SlashCommand("temp", "[T]", "sampling temperature (0 = greedy)", _setting("temperature", "temperature")),
     SlashCommand("top-p", "[P]", "nucleus sampling: keep the top tokens up to probability P", _setting("top_p", "top-p")),
-    SlashCommand("block", "[N|auto]", "DFlash block size (auto = adaptive, 0 = the draft's own)", _setting("block_size", "block size")),
+    SlashCommand("top-k", "[K]", "sample from the K likeliest tokens only (0 = no limit)", _setting("top_k", "top-k")),
+    SlashCommand("min-p", "[P]", "drop tokens less likely than P times the likeliest (0 = off)", _setting("min_p", "min-p")),
+    SlashCommand("block", "[N|auto]", "DFlash block size, at most the draft's own (auto = adaptive, 0 = the draft's own)",
+                 _setting("block_size", "block size")),
     SlashCommand("max-tokens", "[N]", "longest reply, in tokens", _setting("max_tokens", "max tokens")),
     SlashCommand("baseline", "[on/off]", "toggle target-only decoding, for A/B against DFlash", _baseline),
     SlashCommand("model", "[MODEL [DRAFT]]", "load another pair; no argument opens the picker", _model),
@@ -117,7 +150,8 @@ COMMANDS: list[SlashCommand] = [
     SlashCommand("help", "", "commands and keys", _help),
 ]
 BY_NAME = {c.name: c for c in COMMANDS}
-_NAME_OF = {"temperature": "temp", "top_p": "top-p", "block_size": "block", "max_tokens": "max-tokens"}
+_NAME_OF = {"temperature": "temp", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p", "block_size": "block",
+            "max_tokens": "max-tokens"}
 
 
 def parse(text: str) -> Optional[tuple[str, str]]:
@@ -129,7 +163,7 @@ def parse(text: str) -> Optional[tuple[str, str]]:
     return name.lower(), arg.strip()
 
 
-async def run_slash(app: "DFlashApp", text: str) -> bool:
+async def run_slash(app: ChatControls, text: str) -> bool:
     """Run a slash command; returns False when `text` is not one (send it as a message)."""
     parsed = parse(text)
     if parsed is None:
@@ -154,13 +188,13 @@ class DFlashProvider(Provider):
     """dflash-tui's own entries in the command palette (ctrl+p)."""
 
     def _entries(self) -> list[tuple[str, str, Callable[[], object]]]:
-        app: DFlashApp = self.app  # type: ignore[assignment]
+        app: ChatControls = self.app  # type: ignore[assignment]
         return [
             ("New conversation", "Start over with the same model", app.action_new_chat),
             ("Regenerate last reply", "Ask the model for the last reply again", app.action_regenerate),
             ("Stop generation", "Stop the reply that is streaming (Esc)", app.action_stop),
             ("Toggle baseline", "Target-only decoding on/off, to compare with DFlash", lambda: app.set_baseline(not app.baseline)),
-            ("Load a model", "Pick a target/draft pair", app.action_pick_model),
+            ("Load a model", "Pick a target/draft pair (F3)", app.action_pick_model),
             ("Sessions", "Open, replay, rename or delete saved sessions", app.action_sessions),
             ("Copy last reply", "Copy the last assistant message", app.action_copy_reply),
             ("Copy code from last reply", "Copy the code blocks of the last assistant message", app.action_copy_code),
@@ -182,13 +216,15 @@ class DFlashProvider(Provider):
 
 
 # -- help ----------------------------------------------------------------------
-def help_markdown(keys: list[tuple[str, str]]) -> str:
-    lines = ["# dflash-tui", "", "Type a message and press **Enter**. Lines starting with `/` are commands "
-             "(`//` sends a literal `/`).", "", "## Commands", ""]
+def help_markdown(keys: Iterable[tuple[str, str]]) -> str:
+    lines = ["# dflash-tui", "", "Type a message and press **Enter**; **shift+enter**, **alt+enter** or **ctrl+j** "
+             "start a new line (terminals differ in which they pass on). A message starting with `/` is a command "
+             "(`//` sends a literal `/`).", "", "## Keys", ""]
+    lines += [f"- `{key}` — {what}" for key, what in keys]
+    lines += ["", "ctrl+l is not used (it clears the screen in a shell), nor ctrl+m, ctrl+i, ctrl+h (Enter, Tab, "
+              "Backspace in most terminals).", "", "## Commands", ""]
     for c in COMMANDS:
         lines.append(f"- `/{c.name}{(' ' + c.args) if c.args else ''}` — {c.help}")
-    lines += ["", "## Keys", ""]
-    lines += [f"- `{key}` — {what}" for key, what in keys]
     lines += ["", "Settings changed with commands last for this run; the theme and a model picked in the app "
               "are remembered in config.toml."]
     return "\n".join(lines)
@@ -197,7 +233,7 @@ def help_markdown(keys: list[tuple[str, str]]) -> str:
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,f1", "dismiss", "Close")]
 
-    def __init__(self, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, keys: Iterable[tuple[str, str]]) -> None:
         super().__init__()
         self.keys = keys
 

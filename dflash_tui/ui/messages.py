@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable, Optional
 
 from textual.message import Message
@@ -33,12 +35,14 @@ class EngineReady(Message):
 
 
 class EngineFailed(Message):
-    """A load that did not work; the message is one clear line for the user."""
+    """A load that did not work; the message is one clear line for the user. `kept`: the pair in use
+    before is still loaded, its conversation with it."""
 
-    def __init__(self, model: str, message: str) -> None:
+    def __init__(self, model: str, message: str, kept: bool = False) -> None:
         super().__init__()
         self.model = model
         self.message = message
+        self.kept = kept
 
 
 class BaselineMeasured(Message):
@@ -48,6 +52,23 @@ class BaselineMeasured(Message):
         super().__init__()
         self.tokens_per_second = tokens_per_second
         self.source = source  # "probe" | "turn"
+
+
+class ProbeMeasured(Message):
+    """DFlash's decode speed on the probe's prompt (None: not measured), right after the target alone's."""
+
+    def __init__(self, tokens_per_second: Optional[float]) -> None:
+        super().__init__()
+        self.tokens_per_second = tokens_per_second
+
+
+class SizerPlan(Message):
+    """The adaptive block size's next choice, and how many target-alone steps in a row it has taken."""
+
+    def __init__(self, next_block: int, alone: int) -> None:
+        super().__init__()
+        self.next_block = next_block
+        self.alone = alone
 
 
 class TurnStarted(Message):
@@ -109,3 +130,20 @@ class EngineNotice(Message):
         super().__init__()
         self.text = text
         self.severity = severity
+
+
+def while_shown(handler):
+    """An engine message handler that does nothing once the app's screens are gone: the
+    engine thread may still post while the app shuts down."""
+    if inspect.iscoroutinefunction(handler):
+        @functools.wraps(handler)
+        async def guarded_async(self, message):
+            if self.screen_stack:
+                return await handler(self, message)
+        return guarded_async
+
+    @functools.wraps(handler)
+    def guarded(self, message):
+        if self.screen_stack:
+            return handler(self, message)
+    return guarded

@@ -20,6 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from dflash_tui.engine.events import Block, Done, Prefill
+from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
 from dflash_tui.ui.throttle import Throttle
 
 SPARK_SAMPLES = 90
@@ -70,6 +71,8 @@ def sampling_label(settings: dict[str, Any]) -> str:
         parts.append(f"top-p {settings['top_p']:g}")
     if settings.get("top_k"):
         parts.append(f"top-k {settings['top_k']}")
+    if settings.get("min_p"):
+        parts.append(f"min-p {settings['min_p']:g}")
     if settings.get("seed") is not None:
         parts.append(f"seed {settings['seed']}")
     return " ".join(parts)
@@ -85,12 +88,16 @@ class MeterState:
     device: Optional[str] = None
     settings: dict[str, Any] = field(default_factory=dict)
     baseline_tps: Optional[float] = None
+    probe_tps: Optional[float] = None  # DFlash on the probe's prompt, measured right after the target alone
+    kept_tps: Optional[float] = None  # DFlash decode tok/s of the last full reply (not stopped, not short)
+    kept_is_last: bool = True  # False while the last reply was stopped or short, so it is not the one shown
+    next_block: Optional[int] = None  # the adaptive block size's next choice, from the engine
     active_bytes: Optional[int] = None
     peak_bytes: Optional[int] = None
     rss_bytes: Optional[int] = None
     prompt_tokens: Optional[int] = None
     cached_tokens: Optional[int] = None
-    prefill_tps: Optional[float] = None
+    prefill_tps: Optional[float] = None  # only from a prefill of MIN_TIMED_TOKENS new tokens or more
     ttft_s: Optional[float] = None
     generating: bool = False
     turn_mode: Optional[str] = None  # "dflash" | "baseline" from the last Done
@@ -129,12 +136,24 @@ class MeterState:
         return self.turn_mode
 
     @property
-    def speedup(self) -> Optional[float]:
-        """Measured: this turn's tok/s over the target alone; None without a measured baseline."""
-        tps = self.tps
-        if not self.baseline_tps or not tps or self.mode == "baseline":
+    def speedup_figure(self) -> Optional[tuple[float, str]]:
+        """(DFlash tok/s over the target alone's, where the DFlash figure comes from): "live" (this reply,
+        once it has MIN_TIMED_TOKENS tokens), "turn" (the last reply that was neither stopped nor short)
+        or "probe"; None without a measured baseline."""
+        if not self.baseline_tps or self.no_draft or self.mode == "baseline":
             return None
-        return tps / self.baseline_tps
+        if self.generating and self.turn_tokens >= MIN_TIMED_TOKENS and self.tps:
+            return self.tps / self.baseline_tps, "live"
+        if self.kept_tps:
+            return self.kept_tps / self.baseline_tps, "turn"
+        if self.probe_tps:
+            return self.probe_tps / self.baseline_tps, "probe"
+        return None
+
+    @property
+    def speedup(self) -> Optional[float]:
+        figure = self.speedup_figure
+        return figure[0] if figure else None
 
     def on_prefill(self, ev: Prefill) -> None:
         self.generating = True
@@ -143,7 +162,8 @@ class MeterState:
         self.live.clear()
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
         new = ev.prompt_tokens - ev.cached_tokens
-        self.prefill_tps = new / ev.seconds if ev.seconds > 0 else None
+        # a prefill of a few tokens times the forward's fixed cost, not a speed
+        self.prefill_tps = new / ev.seconds if ev.seconds > 0 and new >= MIN_TIMED_TOKENS else None
         self.ttft_s = ev.seconds  # the first token comes out of the prefill forward
 
     def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
@@ -180,8 +200,15 @@ class MeterState:
         self.turn_mode = s.get("mode")
         self.turn_tps = s.get("decode_tps") or (self.turn_tokens / self.turn_seconds if self.turn_seconds else None)
         self.turn_tokens_per_cycle = s.get("tokens_per_cycle") if s.get("cycles") else None
-        if s.get("prefill_tps"):
+        new = (s.get("prompt_tokens") or 0) - (s.get("cached_tokens") or 0)
+        if s.get("prefill_tps") and new >= MIN_TIMED_TOKENS:
             self.prefill_tps = s["prefill_tps"]
+        if self.turn_mode == "dflash":
+            # a stopped or short reply times its start-up, not the pair: the figure before it stays
+            full = ev.finish_reason != "cancelled" and s.get("generated_tokens", len(ev.tokens)) >= MIN_TIMED_TOKENS
+            if full and self.turn_tps:
+                self.kept_tps = self.turn_tps
+            self.kept_is_last = full
         if s.get("ttft_s") is not None:
             self.ttft_s = s["ttft_s"]
         if s.get("peak_memory"):
@@ -194,13 +221,14 @@ class MeterState:
 class MeterText(Widget):
     """Lines of the meter, rebuilt from the state on each refresh."""
 
-    COMPONENT_CLASSES = {"meter--label", "meter--value", "meter--big", "meter--good", "meter--muted"}
+    COMPONENT_CLASSES = {"meter--label", "meter--value", "meter--big", "meter--good", "meter--warn", "meter--muted"}
     DEFAULT_CSS = """
     MeterText { height: auto; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; }
     MeterText > .meter--label { color: $text-muted; }
     MeterText > .meter--value { color: $text; }
     MeterText > .meter--big { color: $accent; text-style: bold; }
     MeterText > .meter--good { color: $success; text-style: bold; }
+    MeterText > .meter--warn { color: $warning; text-style: bold; }
     MeterText > .meter--muted { color: $text-disabled; }
     """
 
@@ -282,6 +310,20 @@ class SystemMeter(Widget):
         self.state.baseline_tps = tps if tps and tps > 0 else None
         self._update()
 
+    def set_probe_tps(self, tps: Optional[float]) -> None:
+        """DFlash's speed on the probe's prompt: with the target alone's, a speedup before any reply."""
+        self.state.probe_tps = tps if tps and tps > 0 else None
+        self._update()
+
+    def set_sizer_plan(self, next_block: int) -> None:
+        self.state.next_block = next_block
+        self._update()
+
+    def reset_pair(self) -> None:
+        """A new pair: none of the figures of the one before stays (the settings do)."""
+        self.state = MeterState(settings=self.state.settings)
+        self._update(spark=True)
+
     def set_memory(self, active_bytes: Optional[int], peak_bytes: Optional[int], rss_bytes: Optional[int]) -> None:
         s = self.state
         s.active_bytes, s.peak_bytes, s.rss_bytes = active_bytes, peak_bytes, rss_bytes
@@ -291,7 +333,8 @@ class SystemMeter(Widget):
     def reset_turns(self) -> None:
         """Forget the turn figures (a replay that jumps), keeping the pair and settings."""
         keep = MeterState(target=self.state.target, draft=self.state.draft, no_draft=self.state.no_draft,
-                          device=self.state.device, settings=self.state.settings, baseline_tps=self.state.baseline_tps)
+                          device=self.state.device, settings=self.state.settings, baseline_tps=self.state.baseline_tps,
+                          probe_tps=self.state.probe_tps, next_block=self.state.next_block)
         self.state = keep
         self._update(spark=True)
 
@@ -334,18 +377,24 @@ class SystemMeter(Widget):
         t = Text(no_wrap=True, overflow="ellipsis")
 
         # speedup and tokens per cycle
-        speedup = s.speedup
+        figure = s.speedup_figure
         if s.no_draft:
             t.append("target only", value)
             t.append(f" (no draft: {s.no_draft})", label)
         elif s.mode == "baseline":
             t.append("target only" + (" (baseline)" if not compact else ""), value)
-        elif speedup is not None:
-            t.append(f"{speedup:.2f}×", w.style("good"))
-            t.append(" speedup" if compact else f" vs {fmt_rate(s.baseline_tps)} tok/s target alone", label)
+        elif figure is not None:
+            speedup, source = figure
+            t.append(f"{speedup:.2f}×", w.style("good" if speedup >= 1 else "warn"))  # slower than alone: a warning
+            where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
+            if compact:
+                t.append(" speedup" + (" (probe)" if source == "probe" else ""), label)
+            else:
+                t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
         else:
             t.append("—", value)
-            t.append(" speedup" + ("" if compact else " (no baseline measured yet)"), label)
+            why = " (no baseline measured yet)" if not s.baseline_tps else " (DFlash not measured yet)"
+            t.append(" speedup" + ("" if compact else why), label)
         tpc = s.tokens_per_cycle
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
             t.append(" · " if compact else "\n", label)
@@ -355,8 +404,13 @@ class SystemMeter(Widget):
         # prefill
         t.append(" · " if not compact else "\n", label)
         t.append("prefill " if not compact else "pre ", label)
-        t.append(fmt_rate(s.prefill_tps), value)
-        t.append(" tok/s · ttft " if not compact else " t/s · ttft ", label)
+        new = (s.prompt_tokens or 0) - (s.cached_tokens or 0)
+        if s.prefill_tps is None and s.cached_tokens and s.cached_tokens > new:
+            t.append("cached", value)  # too few new tokens to time: the prompt came from the cache
+            t.append(" · ttft ", label)
+        else:
+            t.append(fmt_rate(s.prefill_tps), value)
+            t.append(" tok/s · ttft " if not compact else " t/s · ttft ", label)
         t.append(fmt_seconds(s.ttft_s), value)
         if not compact and s.prompt_tokens is not None:
             t.append(f" · {s.prompt_tokens} prompt", label)
@@ -394,8 +448,13 @@ class SystemMeter(Widget):
         else:
             t.append("block " if not compact else "B ", label)
             t.append(str(block) if block else "auto", value)
-            if block == "auto" and s.last_block:
-                t.append(f" (now {s.last_block}" + (": target only)" if s.last_block == 1 else ")"), label)
+            top = st.get("max_block") or None
+            if block == "auto" and (s.next_block or s.last_block):
+                # the engine's next choice where it says; else the size of the last cycle
+                size, word = (s.next_block, "next") if s.next_block else (s.last_block, "now")
+                size = min(size, top) if top else size
+                alone = ": alone)" if compact else ": target alone)"
+                t.append(f" ({word} {size}" + (alone if size == 1 else ")"), label)
             elif block == 1:
                 t.append(" (target only)", label)
         t.append(" · ", label)

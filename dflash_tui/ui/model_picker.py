@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -16,77 +14,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from dflash_tui.ui.model_sources import (NO_ANSWER, OFFLINE, ModelChoice, cache_sizes, hub_offline, model_choices,
+                                         with_download_size)
 
-@dataclass(frozen=True)
-class ModelChoice:
-    target: str
-    draft: Optional[str]
-    detail: str
-    group: str  # "loaded" | "demo" | "cached" | "known"
-
-
-def _human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
-
-
-def _is_draft(snapshot: Path) -> bool:
-    try:
-        cfg = json.loads((snapshot / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return "DFlash" in " ".join(cfg.get("architectures") or [])
-
-
-def cached_models(cache_dir: Optional[Path] = None) -> list[ModelChoice]:
-    """Models in the local Hugging Face cache; none (or no cache at all) is fine."""
-    from huggingface_hub import scan_cache_dir
-
-    from dflash_tui.engine.registry import draft_for
-
-    try:
-        info = scan_cache_dir(cache_dir)
-    except Exception:  # no cache dir, unreadable cache: nothing to list
-        return []
-    repos = [r for r in info.repos if r.repo_type == "model"]
-    cached = {r.repo_id for r in repos}
-    choices = []
-    for repo in sorted(repos, key=lambda r: r.repo_id.lower()):
-        snapshots = sorted(repo.revisions, key=lambda rev: rev.last_modified, reverse=True)
-        if snapshots and _is_draft(snapshots[0].snapshot_path):
-            continue  # drafts are offered next to their targets
-        draft = draft_for(repo.repo_id)
-        if draft is None:
-            note = "no known draft: the target alone, or type one below"
-        else:
-            note = f"draft {draft}" + ("" if draft in cached else " (not downloaded)")
-        choices.append(ModelChoice(repo.repo_id, draft, f"{_human_size(repo.size_on_disk)} · {note}", "cached"))
-    return choices
-
-
-def known_pairs() -> list[ModelChoice]:
-    from dflash_tui.engine.registry import KNOWN_PAIRS, SUGGESTED_TARGETS
-
-    return [
-        ModelChoice(SUGGESTED_TARGETS.get(name, name), draft, f"draft {draft} (downloads)", "known")
-        for name, draft in KNOWN_PAIRS.items()
-    ]
-
-
-def demo_pair() -> Optional[ModelChoice]:
-    try:
-        from dflash_tui.demo import demo_draft_path, demo_target_path
-
-        target, draft = Path(demo_target_path()), Path(demo_draft_path())
-    except Exception:  # no demo pair in this build
-        return None
-    if not (target / "config.json").is_file():
-        return None
-    return ModelChoice(str(target), str(draft), "the bundled offline demo pair", "demo")
+TITLES = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair"}
 
 
 class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
@@ -125,22 +56,37 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
     @work(thread=True, exclusive=True)
     def _scan(self) -> None:
         # a filesystem walk, no MLX: fine off the engine thread
-        loaded = ModelChoice(self.current, self.current_draft, f"draft {self.current_draft or 'none'}", "loaded") if self.current else None
-        choices = [c for c in [loaded, demo_pair()] if c] + cached_models(self.cache_dir) + known_pairs()
+        choices = model_choices(self.current, self.current_draft, self.cache_dir)
         self.app.call_from_thread(self._show, choices)
+        # then what the known pairs would download, as the hub answers (offline: said at once)
+        cached, unknown = cache_sizes(self.cache_dir), (OFFLINE if hub_offline() else None)
+        for i, choice in enumerate(choices):
+            if choice.group != "known":
+                continue
+            sized, answered = with_download_size(choice, cached, unknown)
+            unknown = unknown or (None if answered else NO_ANSWER)
+            self.app.call_from_thread(self._resize, i, sized)
+
+    @staticmethod
+    def _prompt(choice: ModelChoice) -> Text:
+        # model names and paths come from the disk and the hub: plain Text, never markup
+        return Text.assemble(
+            ("● " if choice.group == "loaded" else "  "),
+            (choice.target, "bold"),
+            (f"  {TITLES[choice.group]} · {choice.detail}", "dim"),
+        )
+
+    def _resize(self, index: int, choice: ModelChoice) -> None:
+        if index < len(self.choices) and self.is_attached:
+            self.choices[index] = choice
+            self.query_one(OptionList).replace_option_prompt_at_index(index, self._prompt(choice))
 
     def _show(self, choices: list[ModelChoice]) -> None:
         self.choices = choices
         options = self.query_one(OptionList)
         options.loading = False
-        titles = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair"}
         for i, choice in enumerate(choices):
-            prompt = Text.assemble(
-                ("● " if choice.group == "loaded" else "  "),
-                (choice.target, "bold"),
-                (f"  {titles[choice.group]} · {choice.detail}", "dim"),
-            )
-            options.add_option(Option(prompt, id=str(i)))
+            options.add_option(Option(self._prompt(choice), id=str(i)))
         if not any(c.group == "cached" for c in choices):
             self.query_one("#picker-hint", Label).update(
                 "No models in your Hugging Face cache. Pick a known pair (it downloads) or type a path / repo id.")

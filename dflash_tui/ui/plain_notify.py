@@ -21,3 +21,10 @@ class PlainNotify:
         extra = {} if timeout is None else {"timeout": timeout}
         return super().notify(printable(str(message)), title=one_line(str(title)),  # type: ignore[misc]
                               severity=severity, markup=False, **extra)
+
+    def action_help_quit(self) -> None:
+        """ctrl+c where nothing copies: Textual's own hint is markup, which `notify` here would show raw."""
+        for key, active in getattr(self, "active_bindings", {}).items():
+            if active.binding.action in ("quit", "app.quit"):
+                self.notify(f"Press {key} to quit the app", title="Do you want to quit?")
+                return

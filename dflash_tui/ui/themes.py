@@ -13,7 +13,7 @@ except ModuleNotFoundError:  # Python 3.10
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-from dflash_tui.config import user_themes_dir
+from dflash_tui.config import DEFAULT_THEME, save_settings, user_themes_dir
 
 COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground", "background", "surface", "panel", "boost")
 
@@ -89,3 +89,40 @@ def load_themes(dirs: Optional[Iterable[Path]] = None) -> tuple[list[Theme], lis
                 continue
             themes[theme.name] = theme
     return list(themes.values()), problems
+
+
+class ThemeKeeping:
+    """The app's part: register the themes, apply the configured one, write a change back to config.toml."""
+
+    def _setup_themes(self) -> None:
+        themes, problems = load_themes()
+        for theme in themes:
+            self.register_theme(theme)
+        for problem in problems:
+            self.notify(problem, title="theme", severity="warning", timeout=8)
+        wanted = self.options.theme
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            if wanted != DEFAULT_THEME:
+                self.notify(f"no theme named '{wanted}'; using {DEFAULT_THEME}", severity="warning")
+            self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, theme: Theme) -> None:
+        self.options.theme = theme.name
+        # the theme picker previews as you move: write once things settle
+        if self._theme_save_timer is not None:
+            self._theme_save_timer.stop()
+        self._theme_save_timer = self.set_timer(0.8, self._save_theme)
+
+    def _save_theme(self) -> None:
+        self._theme_save_timer = None
+        if self.options.theme == self.loaded_config.config.theme:
+            return
+        try:
+            save_settings(self.loaded_config, theme=self.options.theme)
+        except PermissionError as exc:
+            self.notify(str(exc), title="theme not saved", severity="warning")
+        except OSError as exc:
+            self.notify(f"could not write {self.loaded_config.path}: {exc}", title="theme not saved", severity="error")

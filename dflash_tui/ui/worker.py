@@ -14,11 +14,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from textual.message import Message
 
 from dflash_tui.ui import messages as msg
+from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
 
 FLUSH_INTERVAL_S = 0.2  # 5 repaints a second: live to the eye; faster starves the engine of the GIL
 STOP_TIMEOUT_S = 10.0  # a generation stops within a cycle; a load in progress cannot be interrupted
@@ -33,6 +34,7 @@ class Load:
     trust_remote_code: bool = False
     probe_tokens: int = 32
     system: Optional[str] = None
+    block_size: Optional[Union[int, str]] = "auto"  # the DFlash probe's (None: the draft's own)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class EngineWorker:
         self.thread_id: Optional[int] = None
         self.pair = None
         self.conversation = None
+        self._loaded: Optional[Load] = None  # the request that loaded the pair in memory
         self._peak = 0  # MLX's peak is reset each turn; the meter shows the peak since load
 
     # -- called from the UI thread ----------------------------------------
@@ -248,7 +251,7 @@ class EngineWorker:
 
     def _load(self, req: Load) -> None:
         from dflash_tui.engine.conversation import Conversation
-        from dflash_tui.engine.loading import load_pair
+        from dflash_tui.engine.loading import load_located, locate_pair
         from dflash_tui.engine.registry import choose_draft
         from dflash_tui.errors import UserError
 
@@ -258,20 +261,27 @@ class EngineWorker:
         def progress(stage: str, fraction: float) -> None:
             self._post(msg.EngineLoading(req.model, stage, fraction))
 
+        try:
+            # names, downloads and fit first, with the pair in use still loaded: a typo or an offline
+            # hub id leaves it (and its conversation) as it was; a target with no known draft runs alone
+            files = locate_pair(req.model, req.draft or None, progress=progress, require_draft=False)
+        except UserError as exc:
+            self._post(msg.EngineFailed(req.model, str(exc), kept=self.pair is not None))
+            return
+        previous, messages = self._loaded, (list(self.conversation.messages) if self.conversation else [])
         # drop the old pair first: two models at once may not fit
-        self.pair = self.conversation = None
+        self.pair = self.conversation = self._loaded = None
         self._peak = 0
         try:
-            # a target with no known draft runs alone, and the meter says why (no silent fallback)
-            pair = load_pair(req.model, req.draft or None, trust_remote_code=req.trust_remote_code, progress=progress,
-                             require_draft=False)
-        except UserError as exc:
-            self._post(msg.EngineFailed(req.model, str(exc)))
+            pair = load_located(files, trust_remote_code=req.trust_remote_code, progress=progress)
+        except Exception as exc:  # corrupt weights, out of memory: back to the pair before, if there was one
+            text = str(exc) if isinstance(exc, UserError) else (
+                f"out of memory while loading {req.model}" if isinstance(exc, MemoryError)
+                else f"could not load {req.model}: {_first_line(exc)}")
+            kept = previous is not None and self._reload(previous, messages, progress)
+            self._post(msg.EngineFailed(req.model, text, kept=kept))
             return
-        except MemoryError:
-            self._post(msg.EngineFailed(req.model, f"out of memory while loading {req.model}"))
-            return
-        self.pair = pair
+        self.pair, self._loaded = pair, req
         self.conversation = Conversation(pair, system=req.system or None)
         tokenizer = pair.target.tokenizer
         block = pair.draft.config.block_size if pair.draft is not None else 1
@@ -279,17 +289,55 @@ class EngineWorker:
         self._post(msg.EngineReady(pair.target_name, pair.draft_name, device_name(), block,
                                    _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft))
         self._sample_memory()
-        if req.probe_tokens > 0:
+        self._measure(req, block)
+
+    def _reload(self, previous: Load, messages: list[dict[str, str]], progress: Callable[[str, float], None]) -> bool:
+        """Load the pair that was in use again, with its conversation; False if that fails too."""
+        from dflash_tui.engine.conversation import Conversation
+        from dflash_tui.engine.loading import load_pair
+
+        progress(f"that failed: reloading {previous.model}", 0.5)
+        try:
+            pair = load_pair(previous.model, previous.draft or None, trust_remote_code=previous.trust_remote_code,
+                             require_draft=False)
+        except Exception:  # the files changed under us: nothing is loaded now
+            return False
+        self.pair, self._loaded = pair, previous
+        self.conversation = Conversation(pair)
+        self.conversation.messages = messages
+        self.conversation.system = next((m["content"] for m in messages if m["role"] == "system"), None)
+        if pair.draft is not None and previous.probe_tokens > 0:
+            self._measure_costs(pair.draft.config.block_size)
+        return True
+
+    def _measure(self, req: Load, block: int) -> None:
+        """After a load: the target alone's speed, the block sizes' cost curve, then DFlash's speed on the
+        same prompt, so the meter shows a measured speedup before the first reply."""
+        if req.probe_tokens <= 0:
+            return
+        try:
+            self._probe(req.probe_tokens)
+        except Exception as exc:  # the pair works; only the speedup stays unknown
+            self._post(msg.BaselineMeasured(None, "probe"))
+            self._post(msg.EngineNotice(f"baseline probe failed: {_first_line(exc)}", "warning"))
+            return
+        if self.pair.draft is None:
+            return
+        self._measure_costs(block)
+        if req.probe_tokens >= MIN_TIMED_TOKENS:
             try:
-                self._probe(req.probe_tokens)
-            except Exception as exc:  # the pair works; only the speedup stays unknown
-                self._post(msg.BaselineMeasured(None, "probe"))
-                self._post(msg.EngineNotice(f"baseline probe failed: {_first_line(exc)}", "warning"))
-            if pair.draft is not None:
-                try:  # the adaptive block size's cost curve, now rather than in the first reply's wait
-                    self.conversation.block_sizer(block)
-                except Exception as exc:  # the first "auto" turn measures it again
-                    self._post(msg.EngineNotice(f"block-size cost curve not measured: {_first_line(exc)}", "warning"))
+                self._probe_dflash(req.probe_tokens, req.block_size)
+            except Exception as exc:
+                self._post(msg.ProbeMeasured(None))
+                self._post(msg.EngineNotice(f"DFlash probe failed: {_first_line(exc)}", "warning"))
+
+    def _measure_costs(self, block: int) -> None:
+        try:  # the adaptive block size's cost curve, now rather than in the first reply's wait
+            sizer = self.conversation.block_sizer(block)
+        except Exception as exc:  # the first "auto" turn measures it again
+            self._post(msg.EngineNotice(f"block-size cost curve not measured: {_first_line(exc)}", "warning"))
+            return
+        self._post(msg.SizerPlan(sizer.peek(), sizer.alone))
 
     def _probe(self, tokens: int) -> None:
         """Measure the target alone on a short prompt, so the meter's speedup is measured, not guessed."""
@@ -307,6 +355,24 @@ class EngineWorker:
             tps = done.stats.get("decode_tps") or None
         self._post(msg.BaselineMeasured(tps, "probe"))
 
+    def _probe_dflash(self, tokens: int, block_size: Optional[Union[int, str]]) -> None:
+        """DFlash on the probe's prompt, greedy, with the block size the app asks for."""
+        from dflash_tui.engine.conversation import GenerationSettings
+
+        conv = self.conversation
+        prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])
+        done = None
+        for ev in conv.generate_tokens(prompt, GenerationSettings(max_tokens=tokens, block_size=block_size),
+                                       self._should_cancel):
+            done = ev
+        tps = None
+        if done is not None and done.type == "done" and done.finish_reason != "cancelled" \
+                and len(done.tokens) >= MIN_TIMED_TOKENS:
+            tps = done.stats.get("decode_tps") or None
+        self._post(msg.ProbeMeasured(tps))
+        if block_size == "auto" and conv._sizer is not None:
+            self._post(msg.SizerPlan(conv._sizer.peek(), conv._sizer.alone))
+
     def _generate(self, req: Generate) -> None:
         from dflash_tui.engine.conversation import GenerationSettings
 
@@ -323,6 +389,17 @@ class EngineWorker:
         pending: list = []
         last_flush = last_event = time.perf_counter()
         last_memory = 0.0
+        adaptive = settings.block_size == "auto" and not settings.baseline
+        last_plan: Optional[tuple[int, int]] = None
+
+        def tell_plan() -> None:
+            """The sizer's next choice, when it changed (read here, in the thread that drives the sizer)."""
+            nonlocal last_plan
+            sizer = conv._sizer if adaptive else None
+            plan = (sizer.peek(), sizer.alone) if sizer is not None else None
+            if plan is not None and plan != last_plan:
+                last_plan = plan
+                self._post(msg.SizerPlan(*plan))
 
         self._ui_ready.set()
         self._hold = 0.0
@@ -335,6 +412,7 @@ class EngineWorker:
                 self._ui_ready.clear()
                 self._post(msg.TurnBlocks(req.turn_id, pending, now - last_flush))
                 pending = []
+                tell_plan()
             last_flush = now
             if now - last_memory > 0.5:
                 self._sample_memory()
