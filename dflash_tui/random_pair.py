@@ -16,16 +16,6 @@ from mlx.utils import tree_flatten
 
 from dflash_tui.engine.draft import DFlashDraft, DraftConfig, save_draft
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
-
-# Qwen-style ChatML; `enable_thinking` is accepted and ignored.
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-
 _SAMPLE_TEXT = """\
 def add(a, b):
     \"\"\"Return the sum of a and b.\"\"\"

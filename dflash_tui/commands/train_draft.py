@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_tui.engine.loading import load_target
-    from dflash_tui.training.trainer import TrainConfig, read_prompts, train_draft
+    from dflash_tui.training.prompts import read_prompts
+    from dflash_tui.training.trainer import TrainConfig, train_draft
 
     for name in ("layers", "block_size", "batch_size", "anchors", "seq_len", "max_new_tokens"):
         if getattr(args, name) < 1:

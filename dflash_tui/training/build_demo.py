@@ -180,7 +180,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # 4. draft
     from dflash_tui.engine.draft import save_draft  # noqa: F401  (the format the trainer writes)
     from dflash_tui.engine.loading import load_target
-    from dflash_tui.training.trainer import Sequences, TrainConfig, build_sequences, prompt_ids, train_draft
+    from dflash_tui.training.prompts import prompt_ids
+    from dflash_tui.training.trainer import Sequences, TrainConfig, build_sequences, train_draft
 
     target = load_target(str(args.target_out))
     prompts = draft_prompts(train_ex, corpus / "unseen.jsonl.gz", args.regen_prompts, args.unseen_share, args.seed)

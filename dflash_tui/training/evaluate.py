@@ -47,7 +47,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import json
 
     from dflash_tui.engine.loading import load_pair
-    from dflash_tui.training.trainer import prompt_ids, read_prompts
+    from dflash_tui.training.prompts import prompt_ids, read_prompts
 
     p = argparse.ArgumentParser(description="Greedy tokens per cycle of a target/draft pair on held-out prompts.")
     p.add_argument("--target", required=True)

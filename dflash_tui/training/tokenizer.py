@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from dflash_tui.random_pair import CHAT_TEMPLATE, SPECIAL_TOKENS
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+
+# Qwen-style ChatML; `enable_thinking` is accepted and ignored.
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 def render_chat(prompt: str, response: str | None = None) -> str:
