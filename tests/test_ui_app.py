@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import tomllib
@@ -13,7 +12,7 @@ from ui_support import install_placeholders
 
 install_placeholders()
 
-from dflash_tui.config import config_path, load_config  # noqa: E402
+from dflash_tui.config import config_path  # noqa: E402
 from dflash_tui.engine import conversation as conversation_mod  # noqa: E402
 from dflash_tui.ui.acceptance import AcceptanceView  # noqa: E402
 from dflash_tui.ui.app import DFlashApp  # noqa: E402

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from textual.app import App
-from textual.widgets import Markdown
 from textual.widgets._markdown import MarkdownFence
 
 from dflash_tui.engine.events import Block, Done, Prefill
