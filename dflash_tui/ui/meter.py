@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from rich.style import Style
@@ -20,6 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from dflash_tui.engine.events import Block, Done, Prefill
+from dflash_tui.model_names import model_label
 from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
 from dflash_tui.ui.throttle import Throttle
 
@@ -55,11 +55,14 @@ def fmt_seconds(s: Optional[float]) -> str:
 
 
 def short_name(name: Optional[str]) -> str:
-    """The last part of a model path; hub ids stay whole."""
-    if not name:
-        return "—"
-    parts = Path(name.rstrip("/")).parts
-    return parts[-1] if len(parts) > 2 or name.startswith(("/", ".", "~")) else name
+    """What the meter calls a model: its name, never where it is installed (model_names)."""
+    return model_label(name)
+
+
+def draft_label(target: Optional[str], draft: str) -> str:
+    """The draft's name, or "its draft" where it would only repeat the target's (the demo pair)."""
+    label = model_label(draft)
+    return "its draft" if label == model_label(target) else label
 
 
 def sampling_label(settings: dict[str, Any]) -> str:
@@ -436,7 +439,7 @@ class SystemMeter(Widget):
         else:
             t.append(short_name(s.target), value)
             t.append(" ← ", label)
-            t.append(short_name(s.draft) if s.draft else "no draft", value if s.draft else muted)
+            t.append(draft_label(s.target, s.draft) if s.draft else "no draft", value if s.draft else muted)
             t.append(" · " + (s.device or "—"), label)
 
         # settings

@@ -8,10 +8,10 @@ if the new weights fail). Mixed into the app (ui/app.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
 from dflash_tui.config import save_settings
+from dflash_tui.model_names import model_label
 from dflash_tui.printable import plain
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
@@ -24,13 +24,6 @@ class PendingLoad:
     draft: Optional[str]
     remember: bool  # write the pair to config.toml once it loads
     keep_chat: bool  # the conversation shown goes on with the new pair (a session being opened)
-
-
-def short_model_name(name: Optional[str]) -> str:
-    """A model name short enough for a title bar: the last path part of a local directory."""
-    if not name:
-        return "—"
-    return Path(name.rstrip("/")).name if ("/" in name and Path(name).exists()) else name
 
 
 def block_too_big(block: int, draft_block: int) -> Optional[str]:
@@ -83,11 +76,12 @@ class PairLoading:
         self.acceptance.set_decoder(message.decoder)
         self.meter.reset_pair()  # none of the figures of the pair before
         self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
-        self.chat.border_title = plain(f"conversation · {short_model_name(message.target)}")
+        target = model_label(message.target)  # a name, never an install path
+        self.chat.border_title = plain(f"conversation · {target}")
         if message.draft:
-            self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
+            self.chat.add_note(f"Loaded {target} with draft {model_label(message.draft)} in {message.seconds:.1f} s.")
         else:
-            self.chat.add_note(f"Loaded {message.target} in {message.seconds:.1f} s with no draft "
+            self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "
                                f"({message.no_draft or 'none given'}): the target runs alone.")
         block = self.options.block_size
         too_big = isinstance(block, int) and message.draft and block_too_big(block, message.block_size)
