@@ -18,6 +18,7 @@ from dflash_tui.config import Config, LoadedConfig, load_config
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.acceptance import AcceptanceView
+from dflash_tui.ui.branching import Branching, reply_for
 from dflash_tui.ui.chat_view import ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
 from dflash_tui.ui.editor import edit_text
@@ -28,7 +29,7 @@ from dflash_tui.ui.pair_loading import PairLoading, block_too_big
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import ThemeKeeping
-from dflash_tui.ui.turns import TurnStreaming, reply_footer
+from dflash_tui.ui.turns import TurnStreaming
 from dflash_tui.ui.worker import EngineWorker, NewConversation, Restore, SetSystem
 
 PANE_REPAINT_S = 0.5  # while a reply streams, the figures and the meter repaint at most this often
@@ -36,7 +37,7 @@ _SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top
                    "block_size": "block size", "max_tokens": "max tokens"}
 
 
-class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
+class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -286,18 +287,11 @@ class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]
         if self.generating:
             self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
             return
-        messages = [{"role": m.role, "content": m.content} for m in session.messages]
+        messages = session.conversation()
         await self.chat.clear()
-        self.acceptance.reset(self.acceptance_mode())
         self.meter.reset_turns()  # the figures of the conversation before go; a new pair resets the rest
-        for m in session.messages:
-            if m.role == "user":
-                self.chat.add_user(m.content)
-            elif m.role == "assistant":
-                done = m.done()
-                self.chat.add_assistant(m.content, reply_footer(done.stats, done.finish_reason) if done else "")
-            elif m.role == "system":
-                self.chat.add_system(m.content)
+        self.render_messages(session, session.messages)  # each with its id and versions (ui/branching.py)
+        self.show_trace(reply_for(session.messages, None))
         self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
         self.chat.add_note(f"Opened session “{session.title}”.")
         if session.target != self.target_name or (session.draft or None) != self.draft_name or self.model_state != "ready":
@@ -363,7 +357,10 @@ class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]
                                          device=self.device, decoder=self.decoder)
                 if self.system_prompt:
                     self.session.add_message("system", self.system_prompt, None)
-            if self._turn_user_text is not None:
+            if self._turn_edit is not None:  # an edited message: a fork beside the one it replaces
+                self.session.edit(self._turn_edit, self._turn_user_text)
+                self.session.add_message("assistant", reply, list(self._recorder.trace))
+            elif self._turn_user_text is not None:
                 self.session.add_message("user", self._turn_user_text, None)
                 self.session.add_message("assistant", reply, list(self._recorder.trace))
             else:  # regenerated: a sibling of the reply in view, which the session keeps
@@ -374,6 +371,7 @@ class DFlashApp(PairLoading, TurnStreaming, ThemeKeeping, PlainNotify, App[None]
             self.notify(f"the session could not be recorded: {exc}", severity="error")
             return
         self.save_session(announce=False)
+        self.label_turn()
 
     def save_session(self, announce: bool = True) -> None:
         if self.session is None:

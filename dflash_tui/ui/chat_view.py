@@ -21,9 +21,11 @@ import time
 from typing import Optional
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
+from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, ProgressBar, Static
+
+from dflash_tui.ui.keys import message_bindings
 
 _CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
 _CONTROL[0x7F] = 0x2421
@@ -102,26 +104,60 @@ class MessageHeader(Static):
         if isinstance(self.parent, MessageBlock):
             self.parent.action_copy_code()
 
+    def action_previous_version(self) -> None:
+        if isinstance(self.parent, MessageBlock):
+            self.parent.action_previous_version()
+
+    def action_next_version(self) -> None:
+        if isinstance(self.parent, MessageBlock):
+            self.parent.action_next_version()
+
 
 class MessageBlock(Vertical, can_focus=True):
-    """One message. Focus it (click or tab) and press c to copy it, y for its code."""
+    """One message. Focus it (click or tab) and press c to copy it, y for its code.
 
-    BINDINGS = [
-        Binding("c", "copy_message", "Copy"),
-        Binding("y", "copy_code", "Copy code"),
-    ]
+    A message of the session (`message_id` set) also answers to the branch keys: `e` edits a
+    message you wrote, `[` / `]` show its other versions (`‹ 2/3 ›` in the header), `d` deletes it
+    and its reply. Each posts a `BranchRequest` for the app to act on.
+    """
+
+    BINDINGS = message_bindings()
     ROLE = "message"
+    EDITABLE = False
 
-    def __init__(self, text: str = "", **kwargs) -> None:
+    class BranchRequest(TextualMessage):
+        """`what`: "edit", "sibling" (`step` -1 or +1) or "delete_pair", on the session's message `message_id`."""
+
+        def __init__(self, message_id: str, what: str, step: int = 0) -> None:
+            super().__init__()
+            self.message_id = message_id
+            self.what = what
+            self.step = step
+
+    def __init__(self, text: str = "", message_id: Optional[str] = None,
+                 versions: Optional[tuple[int, int]] = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.raw_text = text
+        self.message_id = message_id  # the session's id for it; None: not saved (yet), or a replay
+        self.versions = versions  # (position, count) among its versions
         self.add_class(f"-{self.ROLE}")
 
     def header_text(self) -> str:
+        # markup made of constants and numbers only: the message's own text never goes in here
         links = "[@click=copy_message]copy[/]"
         if code_blocks(display_text(self.raw_text)):
             links += "  [@click=copy_code]copy code[/]"
-        return f"[b]{self.ROLE}[/b]  [dim]{links}[/dim]"
+        label = ""
+        if self.message_id is not None and self.versions and self.versions[1] > 1:
+            at, count = self.versions
+            label = f"  [@click=previous_version]‹[/] {int(at)}/{int(count)} [@click=next_version]›[/]"
+        return f"[b]{self.ROLE}[/b]{label}  [dim]{links}[/dim]"
+
+    def set_branch(self, message_id: Optional[str], versions: Optional[tuple[int, int]]) -> None:
+        """The session's id for this message and its place among its versions; the header follows."""
+        self.message_id, self.versions = message_id, versions
+        self.refresh_header()
+        self.refresh_bindings()
 
     def compose_header(self) -> MessageHeader:
         return MessageHeader(self.header_text(), classes="message-header")
@@ -129,6 +165,31 @@ class MessageBlock(Vertical, can_focus=True):
     def refresh_header(self) -> None:
         for header in self.query(MessageHeader):
             header.update(self.header_text())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action == "edit":
+            return self.EDITABLE and self.message_id is not None
+        if action in ("sibling", "previous_version", "next_version"):
+            return self.message_id is not None and bool(self.versions) and self.versions[1] > 1
+        if action == "delete_pair":
+            return self.message_id is not None and self.ROLE in ("you", "assistant")
+        return True
+
+    def action_edit(self) -> None:
+        if self.message_id is not None:
+            self.post_message(self.BranchRequest(self.message_id, "edit"))
+
+    def action_previous_version(self) -> None:
+        if self.message_id is not None:
+            self.post_message(self.BranchRequest(self.message_id, "sibling", -1))
+
+    def action_next_version(self) -> None:
+        if self.message_id is not None:
+            self.post_message(self.BranchRequest(self.message_id, "sibling", 1))
+
+    def action_delete_pair(self) -> None:
+        if self.message_id is not None:
+            self.post_message(self.BranchRequest(self.message_id, "delete_pair"))
 
     def action_copy_message(self) -> None:
         self.app.copy_to_clipboard(self.raw_text)
@@ -145,6 +206,7 @@ class MessageBlock(Vertical, can_focus=True):
 
 class UserMessage(MessageBlock):
     ROLE = "you"
+    EDITABLE = True
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
@@ -162,8 +224,9 @@ class SystemPromptMessage(MessageBlock):
 class AssistantMessage(MessageBlock):
     ROLE = "assistant"
 
-    def __init__(self, text: str = "", footer: str = "", **kwargs) -> None:
-        super().__init__(text, **kwargs)
+    def __init__(self, text: str = "", footer: str = "", message_id: Optional[str] = None,
+                 versions: Optional[tuple[int, int]] = None, **kwargs) -> None:
+        super().__init__(text, message_id, versions, **kwargs)
         self._footer = footer
         self._initial = text  # not raw_text: a stream may append to that before we are composed
         self.tail_text = ""  # the streamed text shown under the Markdown, not parsed yet
@@ -363,15 +426,17 @@ class ChatView(VerticalScroll):
         mounted = self.mount(widget)
         return widget, mounted
 
-    def add_user(self, text: str) -> UserMessage:
-        return self._add(UserMessage(text))[0]
+    def add_user(self, text: str, message_id: Optional[str] = None,
+                 versions: Optional[tuple[int, int]] = None) -> UserMessage:
+        return self._add(UserMessage(text, message_id, versions))[0]
 
-    def add_system(self, text: str) -> SystemPromptMessage:
-        return self._add(SystemPromptMessage(text))[0]
+    def add_system(self, text: str, message_id: Optional[str] = None) -> SystemPromptMessage:
+        return self._add(SystemPromptMessage(text, message_id))[0]
 
-    def add_assistant(self, text: str, footer: str = "") -> AssistantMessage:
+    def add_assistant(self, text: str, footer: str = "", message_id: Optional[str] = None,
+                      versions: Optional[tuple[int, int]] = None) -> AssistantMessage:
         """A finished reply (a session opened from disk)."""
-        return self._add(AssistantMessage(text, footer))[0]
+        return self._add(AssistantMessage(text, footer, message_id, versions))[0]
 
     def start_assistant(self, markdown_interval: Optional[float] = MARKDOWN_INTERVAL_S) -> AssistantHandle:
         message, mounted = self._add(AssistantMessage())
@@ -394,6 +459,10 @@ class ChatView(VerticalScroll):
 
     def messages(self) -> list[MessageBlock]:
         return list(self.query(MessageBlock))
+
+    def block_for(self, message_id: str) -> Optional[MessageBlock]:
+        """The shown message with the session's id `message_id`."""
+        return next((b for b in self.query(MessageBlock) if b.message_id == message_id), None)
 
     def last_assistant(self) -> Optional[AssistantMessage]:
         found = self.query(AssistantMessage)

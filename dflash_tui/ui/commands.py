@@ -43,6 +43,7 @@ class ChatControls(Protocol):
                    keep_chat: bool = False) -> None: ...
     def save_session(self, announce: bool = True) -> None: ...
     def export_conversation(self, path: Optional[str]) -> None: ...
+    async def branch_from_palette(self, what: str, step: int = 0) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,14 @@ class DFlashProvider(Provider):
             ("Toggle baseline", "Target-only decoding on/off, to compare with DFlash", lambda: app.set_baseline(not app.baseline)),
             ("Load a model", "Pick a target/draft pair (F3)", app.action_pick_model),
             ("Sessions", "Open, replay, rename or delete saved sessions", app.action_sessions),
+            ("Edit message", "Edit the focused (or your last) message; Enter forks the conversation there (e)",
+             lambda: app.branch_from_palette("edit")),
+            ("Previous sibling", "The previous version of the focused (or last) message marked ‹ 2/3 › ([)",
+             lambda: app.branch_from_palette("sibling", -1)),
+            ("Next sibling", "The next version of the focused (or last) message marked ‹ 2/3 › (])",
+             lambda: app.branch_from_palette("sibling", 1)),
+            ("Delete message pair", "Delete the focused (or your last) message and its reply, asking first (d)",
+             lambda: app.branch_from_palette("delete_pair")),
             ("Copy last reply", "Copy the last assistant message", app.action_copy_reply),
             ("Copy code from last reply", "Copy the code blocks of the last assistant message", app.action_copy_code),
             ("Save session", "Write the session file now", lambda: app.save_session(announce=True)),

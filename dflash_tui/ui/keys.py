@@ -34,7 +34,21 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("f1", "help", "Help", "this help"),
 )
 
-# keys the prompt and the messages handle themselves
+# keys a focused message answers to (click it or Tab to it); the branch keys act on a saved message
+MESSAGE_KEYS: tuple[AppKey, ...] = (
+    AppKey("c", "copy_message", "Copy", "on a focused message: copy it"),
+    AppKey("y", "copy_code", "Copy code", "on a focused message: copy its code blocks"),
+    AppKey("e", "edit", "Edit", "on a message you wrote: edit it in the prompt; Enter forks the conversation "
+                                "there (the old branch is kept), Esc cancels"),
+    AppKey("left_square_bracket", "previous_version", "‹ Prev", "on a message marked ‹ 2/3 ›: the previous version "
+                                                           "(an earlier edit or reply) and its branch"),
+    AppKey("right_square_bracket", "next_version", "Next ›", "on a message marked ‹ 2/3 ›: the next version"),
+    AppKey("d,delete", "delete_pair", "Delete pair", "on a message: delete it and its reply (asks first); "
+                                                     "the turns after them move up"),
+)
+_HELP_KEY_NAMES = {"left_square_bracket": "[", "right_square_bracket": "]", "d,delete": "d / delete"}
+
+# keys the prompt handles itself
 PROMPT_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "send the message"),
     ("shift+enter · alt+enter · ctrl+j", "a new line in the prompt: terminals differ in which of these "
@@ -46,7 +60,6 @@ PROMPT_KEYS: tuple[tuple[str, str], ...] = (
     ("ctrl+w · ctrl+u · ctrl+k", "delete the word before / to the line's start / to its end"),
     ("ctrl+z", "undo in the prompt"),
     ("ctrl+c", "copy the text selected in the prompt (ctrl+q quits)"),
-    ("c / y", "on a focused message (click it or Tab to it): copy it / copy its code blocks"),
     ("ctrl+p", "command palette"),
     ("ctrl+q", "quit"),
 )
@@ -68,6 +81,11 @@ def app_bindings() -> list[Binding]:
     return [Binding(k.key, k.action, k.label, show=k.footer) for k in APP_KEYS]
 
 
+def message_bindings() -> list[Binding]:
+    return [Binding(k.key, k.action, k.label, show=k.footer) for k in MESSAGE_KEYS]
+
+
 def help_rows() -> list[tuple[str, str]]:
-    """(key, what it does) for the F1 help: the app's keys, then the prompt's."""
-    return [(k.key, k.help) for k in APP_KEYS] + list(PROMPT_KEYS)
+    """(key, what it does) for the F1 help: the app's keys, then the prompt's, then a focused message's."""
+    return ([(k.key, k.help) for k in APP_KEYS] + list(PROMPT_KEYS)
+            + [(_HELP_KEY_NAMES.get(k.key, k.key), k.help) for k in MESSAGE_KEYS])

@@ -1,5 +1,9 @@
 """The prompt box: several lines, Enter sends, up/down walk the history at the edges, `/` completes commands.
 
+Editing a message of the conversation loads its text here, and the border
+says so ("editing message N — Enter forks, Esc cancels"): Enter posts `EditSent`
+instead of `Send`, Esc puts back what was being typed before.
+
 Terminals differ in what a modified Enter sends, so shift+enter, alt+enter and
 ctrl+j (a bare line feed, what many terminals send for shift+enter) all insert
 a new line. A paste keeps every line.
@@ -8,7 +12,7 @@ a new line. A paste keeps every line.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from typing import Iterable, Optional
 
 from textual import events
 from textual.binding import Binding
@@ -30,6 +34,7 @@ class PromptBox(TextArea):
     BINDINGS = [
         Binding("ctrl+e", "compose", "Editor", show=False),  # TextArea's line end stays on End
         Binding("ctrl+y", "app.copy_reply", "Copy reply", show=False),  # not TextArea's redo: the app's copy
+        Binding("escape", "cancel_edit", "Cancel edit"),  # only while editing; else Esc is the app's
     ]
 
     class Send(Message):
@@ -37,6 +42,14 @@ class PromptBox(TextArea):
 
         def __init__(self, text: str) -> None:
             super().__init__()
+            self.text = text
+
+    class EditSent(Message):
+        """Enter while editing: `text` replaces the message `message_id` (a fork)."""
+
+        def __init__(self, message_id: str, text: str) -> None:
+            super().__init__()
+            self.message_id = message_id
             self.text = text
 
     class ComposeRequested(Message):
@@ -49,6 +62,8 @@ class PromptBox(TextArea):
         self.sent_history: list[str] = []  # TextArea's own `history` is its undo stack
         self._index = 0  # == len(history): editing a new message
         self._draft = ""
+        self.editing: Optional[str] = None  # the id of the message being edited
+        self._before_edit = ""  # what was being typed when the edit began
 
     # -- the text ------------------------------------------------------------------
     @property
@@ -106,6 +121,36 @@ class PromptBox(TextArea):
     def action_compose(self) -> None:
         self.post_message(self.ComposeRequested())
 
+    # -- editing a message -----------------------------------------------------------
+    def begin_edit(self, message_id: str, number: int, text: str) -> None:
+        """Load message `number`'s text for editing; Enter forks the conversation there, Esc cancels."""
+        if self.editing is None:
+            self._before_edit = self.text
+        self.editing = message_id
+        self.value = text
+        self.border_title = f"editing message {number} — Enter forks, Esc cancels"
+        self.add_class("-editing")
+        self.refresh_bindings()
+
+    def end_edit(self, restore: bool = False) -> None:
+        """Leave the editing state: the prompt empty, or (`restore`) with what was typed before the edit."""
+        if self.editing is None:
+            return
+        self.editing = None
+        self.value = self._before_edit if restore else ""
+        self._before_edit = ""
+        self.border_title = None
+        self.remove_class("-editing")
+        self.refresh_bindings()
+
+    def action_cancel_edit(self) -> None:
+        self.end_edit(restore=True)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        if action == "cancel_edit":
+            return self.editing is not None
+        return super().check_action(action, parameters)
+
     # -- sending -------------------------------------------------------------------
     def remember(self, text: str) -> None:
         if text and (not self.sent_history or self.sent_history[-1] != text):
@@ -117,6 +162,9 @@ class PromptBox(TextArea):
     def submit(self) -> None:
         text = message_text(self.text)
         if not text:
+            return
+        if self.editing is not None:
+            self.post_message(self.EditSent(self.editing, text))  # the app ends the edit once it forks
             return
         self.remember(text)
         self.value = ""

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.chat_view import AssistantHandle
+from dflash_tui.ui.chat_view import AssistantHandle, AssistantMessage, UserMessage
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.worker import Generate
 
@@ -54,19 +54,23 @@ class TurnStreaming:
         self._painted_cpu = 0.0  # the UI thread's CPU time when the last batch was painted
         self._blink: Optional[bool] = None  # the prompt's cursor blink, while a turn turns it off
         self._turn_user_text: Optional[str] = None
+        self._turn_edit: Optional[str] = None  # the id of the message the turn's text replaces (a fork)
+        # the turn's message and reply on screen: they get their session ids once recorded
+        self._turn_blocks: tuple[Optional[UserMessage], Optional[AssistantMessage]] = (None, None)
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
         self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
 
-    def start_turn(self, text: Optional[str]) -> None:
-        """Send `text` (None: regenerate the last reply)."""
+    def start_turn(self, text: Optional[str], edit_of: Optional[str] = None) -> None:
+        """Send `text` (None: regenerate the last reply); `edit_of`: the message it replaces, in a fork."""
         self.turn_id += 1
         self.generating = True
         self._turn_user_text = text
+        self._turn_edit = edit_of
         self._recorder = TraceRecorder()
         self._held_for_panes = []
-        if text is not None:
-            self.chat.add_user(text)
+        user_block = self.chat.add_user(text) if text is not None else None
         self._handle = self.chat.start_assistant()
+        self._turn_blocks = (user_block, self._handle.message)
         self.acceptance.reset(self.acceptance_mode())
         self.meter.set_settings(self.meter_settings())
         self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
@@ -164,6 +168,10 @@ class TurnStreaming:
         self.acceptance.show_figures()
         self.chat.add_note(message.message, "error")
         self._end_turn()
+        self.after_failed_turn(message.message)
+
+    def after_failed_turn(self, reason: str) -> None:
+        """Hook: what else a failed turn undoes (an edit, in ui/branching.py)."""
 
     def _end_turn(self) -> None:
         gc.unfreeze()
