@@ -137,6 +137,9 @@ class RemoteClient:
     def connect(self) -> ServerInfo:
         """Ask the server what it serves (GET /v1/models); RemoteError in one line if it cannot be used."""
         r = self._get("/v1/models")
+        if r.status_code >= 500 and self.target.model:  # a server whose list is broken can still chat
+            self.info = ServerInfo(self.url, self.target.model, "openai")
+            return self.info
         if r.status_code in (401, 403):
             raise RemoteError(f"{self.url} wants an API key (--api-key, or api_key in config.toml): "
                               f"{_error_message(r.content)}")

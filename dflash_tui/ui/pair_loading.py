@@ -74,6 +74,7 @@ class PairLoading:
         self.target_name, self.draft_name = message.target, message.draft
         self.draft_block_size = message.block_size
         self.device = message.device
+        self.server = message.server
         self.decoder = message.decoder
         self.baseline_tps = None
         self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
@@ -82,9 +83,15 @@ class PairLoading:
         self.acceptance.reset(self.acceptance_mode())
         self.acceptance.set_decoder(message.decoder)
         self.meter.reset_pair()  # none of the figures of the pair before
-        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
+        server = message.server
+        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft,
+                            where=server.url if server is not None else None)
         self.chat.border_title = plain(f"conversation · {short_model_name(message.target)}")
-        if message.draft:
+        if server is not None:
+            how = ("its blocks stream live" if server.kind == "dflash" else
+                   "its speculative figures, if it reports any, come after each reply")
+            self.chat.add_note(f"Connected to {server.where}: {message.target}; {how}.")
+        elif message.draft:
             self.chat.add_note(f"Loaded {message.target} with draft {message.draft} in {message.seconds:.1f} s.")
         else:
             self.chat.add_note(f"Loaded {message.target} in {message.seconds:.1f} s with no draft "
