@@ -60,8 +60,9 @@ class CountRow:
 
 
 def text_only(b: Block) -> bool:
-    """A streamed piece of a server's text: no token ids, nothing drafted; not a row."""
-    return not b.drafted and not b.emitted and not b.eos
+    """A streamed piece of a server's text: text with no token ids and nothing drafted; not a row.
+    (An engine block with no tokens has no text either: a step cut at the token limit, shown as the end.)"""
+    return bool(b.text) and not b.drafted and not b.emitted and not b.eos
 
 
 def reported_note(stats: dict[str, Any]) -> Optional[str]:
