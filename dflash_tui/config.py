@@ -123,6 +123,8 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "seed": _seed,
     "baseline_probe_tokens": _int(0, 1024),
     "trust_remote_code": _bool,
+    "remote": _str,
+    "api_key": _str,
 }
 
 
@@ -141,6 +143,8 @@ class Config:
     seed: int = -1  # -1 = no fixed seed
     baseline_probe_tokens: int = 32  # a short target-only run after load measures the speedup; 0 = off
     trust_remote_code: bool = False
+    remote: str = ""  # an OpenAI-compatible server's URL: the engine runs there ("" = here, on MLX)
+    api_key: str = ""  # its key, if it wants one (never written to a session)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -44,6 +44,7 @@ class Session:
     settings: dict[str, Any]
     tree: MessageTree = field(default_factory=MessageTree)
     device: Optional[str] = None
+    server: Optional[str] = None  # a remote engine's URL (no key, user or query: remote/client.public_url)
     baseline_tps: Optional[float] = None  # target-only tok/s measured in the recorded run
     # id -> text of every token in the traces, so a replay needs no tokenizer
     token_text: dict[int, str] = field(default_factory=dict)
@@ -161,6 +162,7 @@ class Session:
             "target": self.target,
             "draft": self.draft,
             "device": self.device,
+            "server": self.server,
             "baseline_tps": self.baseline_tps,
             "settings": self.settings,
             "token_text": {str(k): v for k, v in sorted(self.token_text.items())},
@@ -252,7 +254,7 @@ def session_from_dict(data: Any, values_checked: bool = False) -> Session:
     tree = MessageTree.from_dicts(data["messages"], data["roots"], data["view"])
     return Session(id=data["id"], title=data["title"], created=data["created"], updated=data["updated"],
                    target=data["target"], draft=data.get("draft"), settings=dict(data.get("settings", {})),
-                   tree=tree, device=data.get("device"), baseline_tps=data.get("baseline_tps"),
+                   tree=tree, device=data.get("device"), server=data.get("server"), baseline_tps=data.get("baseline_tps"),
                    token_text={int(k): v for k, v in data.get("token_text", {}).items()},
                    revision=data.get("revision", 0))
 

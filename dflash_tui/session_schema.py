@@ -100,6 +100,9 @@ STATS: dict[str, Callable[[Any], bool]] = {
                             "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature")},
     "mode": _opt(_text), "block_size": _block_size, "seed": _opt(is_int),
     "block_sizes": lambda v: type(v) is dict and all(_scalar(x) for x in v.values()),
+    # a remote server's per-step counts: [accepted, drafted] of each verification step
+    "spec_steps": lambda v: type(v) is list and all(
+        type(p) is list and len(p) == 2 and _count(p[0]) and _count(p[1]) and p[0] <= p[1] for p in v),
 }
 
 
@@ -240,7 +243,7 @@ def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bo
     _check(isinstance(sid, str) and valid_id(sid), "bad session id")
     for key in ("title", "created", "updated", "target"):
         _check(isinstance(data.get(key), str), f"'{key}' is missing or not text")
-    for key in ("draft", "device"):
+    for key in ("draft", "device", "server"):
         _check(data.get(key) is None or isinstance(data.get(key), str), f"'{key}' must be text or null")
     baseline: Optional[float] = data.get("baseline_tps")
     _check(baseline is None or (is_number(baseline) and baseline > 0), "bad baseline_tps")

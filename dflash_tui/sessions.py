@@ -73,11 +73,12 @@ class SessionStore:
         return self.root / f"{session_id}.json"
 
     def new(self, target: str, draft: Optional[str], settings: dict[str, Any], device: Optional[str] = None,
-            decoder: Optional[Callable[[int], str]] = None) -> Session:
-        """A session not yet on disk. `decoder` (token id -> text) lets replies record their tokens' text."""
+            decoder: Optional[Callable[[int], str]] = None, server: Optional[str] = None) -> Session:
+        """A session not yet on disk. `decoder` (token id -> text) lets replies record their tokens' text;
+        `server`: the remote engine's URL (never its key)."""
         stamp = now_iso()
         return Session(id=new_id(), title="", created=stamp, updated=stamp, target=target, draft=draft,
-                       settings=dict(settings), device=device, decoder=decoder)
+                       settings=dict(settings), device=device, decoder=decoder, server=server)
 
     # -- writing ---------------------------------------------------------------
     @contextlib.contextmanager

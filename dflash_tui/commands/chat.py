@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", metavar="S", help="fix the sampling seed (-1 = none)")
     g.add_argument("--block-size", metavar="B",
                    help="auto (adaptive, the default), 0 (the draft's own) or N from 2 up to the draft's own")
+    r = parser.add_argument_group("remote engine")
+    r.add_argument("--remote", metavar="URL",
+                   help="chat with an OpenAI-compatible server instead (dflash-tui serve, vLLM, SGLang, mlx_lm.server, "
+                        "Ollama…); --model then names the server's model")
+    r.add_argument("--api-key", metavar="KEY", help="the server's API key (or api_key in config.toml)")
     parser.add_argument("--system-prompt", "--system", dest="system", metavar="S", help="a system prompt for this run")
     parser.add_argument("--theme", metavar="NAME", help="a theme for this run (the one in config.toml otherwise)")
     parser.add_argument("--no-probe", action="store_true",
@@ -55,6 +60,24 @@ def _pair(args: argparse.Namespace, configured: str) -> tuple[Optional[str], Opt
         return None, None  # the app opens the model picker
 
 
+def _remote(args: argparse.Namespace, config):
+    """The RemoteTarget to chat with: --remote, else config.toml's `remote` unless a local pair is named."""
+    url = getattr(args, "remote", None) or (config.remote if not (args.model or args.demo) else "")
+    if not url:
+        if getattr(args, "api_key", None):
+            raise UserError("--api-key needs --remote URL (or remote in config.toml)")
+        return None
+    if args.demo or args.draft:
+        raise UserError("--remote cannot be combined with --demo or --draft: the server has its own pair")
+    from dflash_tui.remote.client import RemoteTarget, normalize_url
+
+    try:
+        url = normalize_url(url)
+    except ValueError as exc:
+        raise UserError(f"--remote: {exc}") from None
+    return RemoteTarget(url, getattr(args, "api_key", None) or config.api_key or None, args.model or None)
+
+
 def _demo() -> tuple[str, str]:
     try:
         from dflash_tui.demo import demo_draft_path, demo_target_path
@@ -70,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     from dflash_tui.ui.app import DFlashApp
 
     loaded = load_config()
-    model, draft = _pair(args, loaded.config.model)
+    remote = _remote(args, loaded.config)
+    model, draft = (None, None) if remote is not None else _pair(args, loaded.config.model)
     apply_flags(args, loaded.config)
     if args.system is not None:
         loaded.config.system = args.system
@@ -82,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         trust_remote_code=True if args.trust_remote_code else None,
         config=loaded,
         probe_tokens=0 if args.no_probe else None,
+        remote=remote,
     )
     # the engine thread drops the GIL at every MLX eval; a short switch interval hands it back
     # quickly while the UI thread renders, instead of the default 5 ms per hand-over

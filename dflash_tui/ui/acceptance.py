@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Union
 
 from rich.segment import Segment
 from rich.style import Style
@@ -46,6 +46,35 @@ LEGEND = ("[$text on $success 30%] kept [/] [$text-muted strike on $error 35%] r
           "[$text bold on $accent 45%] target [/] [$text-disabled]unused[/]")
 ALONE_SHOWN = 4  # target-alone steps in a row before the pane says drafting does not pay
 ALONE_NOTE = f"drafting does not pay here: target alone, re-checking every {EXPLORE} steps"
+REMOTE_WAIT = "this server streams text only: its speculative figures, if it reports any, come when the reply ends"
+REMOTE_NONE = "this server reports no speculative decoding"
+
+
+@dataclass
+class CountRow:
+    """One verification step a server reported as counts only: no token is known, none is invented."""
+
+    index: int
+    accepted: int
+    drafted: int
+
+
+def text_only(b: Block) -> bool:
+    """A streamed piece of a server's text: text with no token ids and nothing drafted; not a row.
+    (An engine block with no tokens has no text either: a step cut at the token limit, shown as the end.)"""
+    return bool(b.text) and not b.drafted and not b.emitted and not b.eos
+
+
+def reported_note(stats: dict[str, Any]) -> Optional[str]:
+    """What the pane says about a remote reply's figures (None: not a remote reply without blocks)."""
+    source = stats.get("spec_source")
+    if source is None:
+        return None
+    if source == "none":
+        return REMOTE_NONE
+    steps = stats.get("cycles") or 0
+    how = "per-step counts" if stats.get("spec_steps") else f"totals over {steps} steps, no per-step rows"
+    return f"from {source}: {how} (counts only, no tokens)"
 
 
 def visible_token(text: str, limit: int = CELL_CHARS) -> str:
@@ -86,6 +115,8 @@ class AcceptanceStats:
     def add(self, blocks: Iterable[Block]) -> None:
         for b in blocks:
             n = len(b.drafted)
+            if n == 0 and text_only(b):
+                continue
             if n == 0:
                 self.target_steps += 1
                 if b.index > 0:
@@ -95,18 +126,34 @@ class AcceptanceStats:
             self.alone_run, self.drafted_run = 0, self.drafted_run + 1
             if self.drafted_run >= 2:
                 self.sizer_alone = False
-            self.cycles += 1
-            self.drafted += n
-            self.accepted += b.accepted
-            self.cycle_tokens += len(b.emitted)
-            _grow(self.position_drafted, n)
-            _grow(self.position_accepted, n)
-            _grow(self.accepted_lengths, n + 1)
-            for k in range(n):
-                self.position_drafted[k] += 1
-            for k in range(min(b.accepted, n)):
-                self.position_accepted[k] += 1
-            self.accepted_lengths[min(b.accepted, n)] += 1
+            self._step(b.accepted, n, len(b.emitted))
+
+    def add_steps(self, steps: Iterable[tuple[int, int]]) -> None:
+        """Steps known only as (accepted, drafted) counts; each also gave the target's own token."""
+        for accepted, n in steps:
+            if n > 0:
+                self._step(min(accepted, n), n, min(accepted, n) + 1)
+
+    def add_totals(self, steps: int, accepted: int, drafted: Optional[int]) -> None:
+        """A server's totals for a reply, without its steps: the running figures, no profile."""
+        self.cycles += steps
+        self.accepted += accepted
+        self.drafted += drafted if drafted is not None else 0
+        self.cycle_tokens += steps + accepted
+
+    def _step(self, accepted: int, n: int, emitted: int) -> None:
+        self.cycles += 1
+        self.drafted += n
+        self.accepted += accepted
+        self.cycle_tokens += emitted
+        _grow(self.position_drafted, n)
+        _grow(self.position_accepted, n)
+        _grow(self.accepted_lengths, n + 1)
+        for k in range(n):
+            self.position_drafted[k] += 1
+        for k in range(min(accepted, n)):
+            self.position_accepted[k] += 1
+        self.accepted_lengths[min(accepted, n)] += 1
 
     @property
     def tokens_per_cycle(self) -> Optional[float]:
@@ -209,7 +256,7 @@ class AcceptanceRows(ScrollView):
 
     def __init__(self, max_rows: int = MAX_ROWS, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.rows: deque[Block] = deque(maxlen=max_rows)
+        self.rows: deque[Union[Block, CountRow]] = deque(maxlen=max_rows)
         self.decoder: Optional[Decoder] = None
         self._dropped = 0  # rows pushed out at the top; keys the strip cache by absolute row number
         self._cache: dict[int, Strip] = {}
@@ -233,7 +280,8 @@ class AcceptanceRows(ScrollView):
             self.scroll_to(0, 0, animate=False, immediate=True)
         self.refresh()
 
-    def add(self, blocks: list[Block]) -> None:
+    def add(self, blocks: list[Union[Block, CountRow]]) -> None:
+        blocks = [b for b in blocks if isinstance(b, CountRow) or not text_only(b)]
         if not blocks:
             return
         for b in blocks:
@@ -297,10 +345,18 @@ class AcceptanceRows(ScrollView):
             strip = self._cache[number] = self._build(self.rows[number - self._dropped])
         return strip
 
-    def _build(self, b: Block) -> Strip:
+    def _build(self, b: Union[Block, CountRow]) -> Strip:
         st = self.get_component_rich_style
         gap = Segment(" ")
         segs = [Segment(f"{b.index:>4} ", st("acceptance--index"))]
+        if isinstance(b, CountRow):  # counts only: one blank cell per drafted position, nothing to read
+            segs.append(Segment(f"{b.accepted:>2}/{b.drafted:<2} ", st("acceptance--count")))
+            cells = [Segment("   ", st("acceptance--accepted"))] * b.accepted
+            if b.accepted < b.drafted:
+                cells.append(Segment(" ✗ ", st("acceptance--rejected")))
+            cells.append(Segment(" + ", st("acceptance--target")))  # the target's own token, unknown here
+            cells += [Segment(" · ", st("acceptance--dimmed"))] * max(0, b.drafted - b.accepted - 1)
+            return Strip(segs + [c for cell in cells for c in (cell, gap)])
         n = len(b.drafted)
         if n == 0:
             segs.append(Segment("   · ", st("acceptance--count")))
@@ -370,7 +426,9 @@ class AcceptanceView(Widget):
         self.figures = AcceptanceFigures(self.stats)
         self.rows = AcceptanceRows(max_rows)
         self.note = Static("", markup=False, classes="acceptance-note")
-        self.mode = "dflash"  # "baseline": nothing is drafted on purpose, so no sizer to speak of
+        self.mode = "dflash"  # "baseline": nothing is drafted on purpose; "remote": a server that streams text only
+        self.message: Optional[str] = None  # what the pane says about a remote reply's figures
+        self._note_text = ""
         self._paint_figures = Throttle(self.figures.refresh, figures_interval, self._later)
 
     def _later(self, delay: float, callback):
@@ -398,15 +456,34 @@ class AcceptanceView(Widget):
         """Repaint the figures now (the reply is over: its final figures, not a throttled lag)."""
         self._paint_figures.now()
 
+    def show_reported(self, stats: dict[str, Any]) -> None:
+        """A remote reply's end: the server's figures as count rows or totals, or that it reported none."""
+        note = reported_note(stats)
+        if note is None:
+            return
+        steps = stats.get("spec_steps")
+        if isinstance(steps, list) and steps and self.stats.cycles == 0:
+            rows = [CountRow(i + 1, int(a), int(d)) for i, (a, d) in enumerate(steps)]
+            self.stats.add_steps((r.accepted, r.drafted) for r in rows)
+            self.rows.add(rows)
+        elif stats.get("cycles") and self.stats.cycles == 0:
+            self.stats.add_totals(int(stats["cycles"]), int(stats.get("spec_accepted") or 0),
+                                  stats.get("spec_drafted"))
+        self.message = note
+        self._show_note()
+        self._paint_figures.now()
+
     def _show_note(self) -> None:
-        shown = self.stats.sizer_alone and self.mode == "dflash"
-        if shown != self.note.has_class("-shown"):
-            self.note.update(ALONE_NOTE if shown else "")
-            self.note.set_class(shown, "-shown")
+        text = self.message or (ALONE_NOTE if self.stats.sizer_alone and self.mode == "dflash" else "")
+        if text != self._note_text:
+            self._note_text = text
+            self.note.update(text)
+            self.note.set_class(bool(text), "-shown")
 
     def reset(self, mode: str = "dflash") -> None:
         """Start over for a reply whose cycles are `mode`'s ("dflash" or "baseline")."""
         self.mode = mode
+        self.message = REMOTE_WAIT if mode == "remote" else None
         self.stats.__init__()  # the figures widget holds this same object
         self._show_note()
         self.rows.clear()

@@ -53,7 +53,9 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         config: Optional[LoadedConfig] = None,
         start_engine: bool = True,
         probe_tokens: Optional[int] = None,
+        remote: Optional[Any] = None,
     ) -> None:
+        """`remote`: a RemoteTarget (remote/client.py): the engine is that server's, not MLX here."""
         super().__init__()
         read_alt_enter_as_new_line()
         self.loaded_config = config or load_config()
@@ -63,7 +65,15 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.trust_remote_code = cfg.trust_remote_code if trust_remote_code is None else trust_remote_code
         self.probe_tokens = cfg.baseline_probe_tokens if probe_tokens is None else probe_tokens
         self.start_engine = start_engine
-        self.engine = EngineWorker(self.post_message)
+        self.remote = remote
+        self.server = None  # the remote engine's ServerInfo, once connected
+        if remote is not None:
+            from dflash_tui.ui.remote_worker import RemoteWorker
+
+            self.engine = RemoteWorker(self.post_message, remote)
+            self._initial = (remote.model or remote.url, None)
+        else:
+            self.engine = EngineWorker(self.post_message)
         self.baseline = False
         self.system_prompt = cfg.system or ""
         self.model_state = "none"  # none | loading | ready | failed
@@ -144,6 +154,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
 
     def acceptance_mode(self) -> str:
         """What the next reply's cycles are: "dflash", or "baseline" (the target alone, nothing drafted)."""
+        if self.server is not None and self.server.kind != "dflash":
+            return "remote"  # text only while it streams; the server's figures, if any, at the end
         return "baseline" if self.baseline or (self.model_state == "ready" and not self.draft_name) else "dflash"
 
     def meter_settings(self) -> dict[str, Any]:
@@ -260,6 +272,11 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.chat.add_note("New conversation.")
 
     def action_pick_model(self) -> None:
+        if self.remote is not None:
+            self.notify(f"The model is the server's ({self.remote.url}); start with --model NAME to pick another",
+                        severity="warning")
+            return
+
         def picked(choice: Optional[tuple[str, Optional[str]]]) -> None:
             if choice:
                 self.load_model(choice[0], choice[1], remember=True)
@@ -294,7 +311,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.show_trace(reply_for(session.messages, None))
         self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
         self.chat.add_note(f"Opened session “{session.title}”.")
-        if session.target != self.target_name or (session.draft or None) != self.draft_name or self.model_state != "ready":
+        same_draft = self.remote is not None or (session.draft or None) == self.draft_name
+        if session.target != self.target_name or not same_draft or self.model_state != "ready":
             self._session_after_load = session
             self.load_model(session.target, session.draft, keep_chat=True)
         else:
@@ -354,7 +372,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             store = self._store()
             if self.session is None:
                 self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings(),
-                                         device=self.device, decoder=self.decoder)
+                                         device=self.device, decoder=self.decoder,
+                                         server=self.server.url if self.server is not None else None)
                 if self.system_prompt:
                     self.session.add_message("system", self.system_prompt, None)
             if self._turn_edit is not None:  # an edited message: a fork beside the one it replaces

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from textual.message import Message
 
@@ -23,8 +23,10 @@ class EngineLoading(Message):
 
 class EngineReady(Message):
     def __init__(self, target: str, draft: Optional[str], device: str, block_size: int,
-                 decoder: Callable[[int], str], seconds: float, no_draft: Optional[str] = None) -> None:
+                 decoder: Callable[[int], str], seconds: float, no_draft: Optional[str] = None,
+                 server: Any = None) -> None:
         super().__init__()
+        self.server = server  # a remote engine's ServerInfo (remote/client.py); None for the local one
         self.target = target
         self.draft = draft
         self.no_draft = no_draft  # without a draft: why (the target runs alone)

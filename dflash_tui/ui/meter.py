@@ -89,6 +89,7 @@ class MeterState:
     draft: Optional[str] = None
     no_draft: Optional[str] = None  # why the pair has no draft (the target runs alone)
     device: Optional[str] = None
+    where: Optional[str] = None  # a remote engine's server (its URL): the memory is there, not here
     settings: dict[str, Any] = field(default_factory=dict)
     baseline_tps: Optional[float] = None
     probe_tps: Optional[float] = None  # DFlash on the probe's prompt, measured right after the target alone
@@ -299,9 +300,11 @@ class SystemMeter(Widget):
         self._update()
 
     def set_pair(self, target: Optional[str], draft: Optional[str], device: Optional[str],
-                 no_draft: Optional[str] = None) -> None:
-        """`no_draft`: why a loaded target has no draft; the meter then says it runs alone."""
+                 no_draft: Optional[str] = None, where: Optional[str] = None) -> None:
+        """`no_draft`: why a loaded target has no draft; the meter then says it runs alone. `where`: the
+        server a remote engine runs on."""
         self.state.target, self.state.draft, self.state.device = target, draft, device
+        self.state.where = where
         self.state.no_draft = no_draft if draft is None else None
         self._update()
 
@@ -336,7 +339,7 @@ class SystemMeter(Widget):
     def reset_turns(self) -> None:
         """Forget the turn figures (a replay that jumps), keeping the pair and settings."""
         keep = MeterState(target=self.state.target, draft=self.state.draft, no_draft=self.state.no_draft,
-                          device=self.state.device, settings=self.state.settings, baseline_tps=self.state.baseline_tps,
+                          device=self.state.device, where=self.state.where, settings=self.state.settings, baseline_tps=self.state.baseline_tps,
                           probe_tps=self.state.probe_tps, next_block=self.state.next_block)
         self.state = keep
         self._update(spark=True)
@@ -420,14 +423,13 @@ class SystemMeter(Widget):
             if s.cached_tokens:
                 t.append(f" ({s.cached_tokens} cached)", label)
 
-        # memory
+        # memory (a remote engine's is on its server)
         t.append("\n")
-        t.append("mem " if compact else "MLX ", label)
-        t.append(fmt_bytes(s.active_bytes, compact), value)
-        t.append(" active · " if not compact else " · pk ", label)
-        t.append(fmt_bytes(s.peak_bytes, compact), value)
-        t.append(" peak · RSS " if not compact else " · rss ", label)
-        t.append(fmt_bytes(s.rss_bytes, compact), value)
+        if s.where:
+            t.append("engine on " if not compact else "on ", label)
+            t.append(s.where, value)
+        else:
+            self._memory_line(t, w, compact)
 
         # pair and device
         t.append("\n")
@@ -441,8 +443,22 @@ class SystemMeter(Widget):
             t.append(" ← ", label)
             t.append(draft_label(s.target, s.draft) if s.draft else "no draft", value if s.draft else muted)
             t.append(" · " + (s.device or "—"), label)
+        self._settings_line(t, w, compact)
+        return t
 
-        # settings
+    def _memory_line(self, t: Text, w: MeterText, compact: bool) -> None:
+        s = self.state
+        label, value = w.style("label"), w.style("value")
+        t.append("mem " if compact else "MLX ", label)
+        t.append(fmt_bytes(s.active_bytes, compact), value)
+        t.append(" active · " if not compact else " · pk ", label)
+        t.append(fmt_bytes(s.peak_bytes, compact), value)
+        t.append(" peak · RSS " if not compact else " · rss ", label)
+        t.append(fmt_bytes(s.rss_bytes, compact), value)
+
+    def _settings_line(self, t: Text, w: MeterText, compact: bool) -> None:
+        s = self.state
+        label, value = w.style("label"), w.style("value")
         t.append("\n")
         st = s.settings
         block = st.get("block_size")
@@ -465,4 +481,3 @@ class SystemMeter(Widget):
         if st.get("max_tokens"):
             t.append(" · max " if not compact else " · ≤", label)
             t.append(str(st["max_tokens"]), value)
-        return t

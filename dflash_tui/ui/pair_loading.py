@@ -67,6 +67,7 @@ class PairLoading:
         self.target_name, self.draft_name = message.target, message.draft
         self.draft_block_size = message.block_size
         self.device = message.device
+        self.server = message.server
         self.decoder = message.decoder
         self.baseline_tps = None
         self.session, self._session_after_load = self._session_after_load, None  # a new pair, a new session
@@ -75,10 +76,16 @@ class PairLoading:
         self.acceptance.reset(self.acceptance_mode())
         self.acceptance.set_decoder(message.decoder)
         self.meter.reset_pair()  # none of the figures of the pair before
-        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft)
+        server = message.server
+        self.meter.set_pair(message.target, message.draft, message.device, no_draft=message.no_draft,
+                            where=server.url if server is not None else None)
         target = model_label(message.target)  # a name, never an install path
         self.chat.border_title = plain(f"conversation · {target}")
-        if message.draft:
+        if server is not None:
+            how = ("its blocks stream live" if server.kind == "dflash" else
+                   "its speculative figures, if it reports any, come after each reply")
+            self.chat.add_note(f"Connected to {server.where}: {message.target}; {how}.")
+        elif message.draft:
             self.chat.add_note(f"Loaded {target} with draft {model_label(message.draft)} in {message.seconds:.1f} s.")
         else:
             self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "

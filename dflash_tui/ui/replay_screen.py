@@ -107,7 +107,8 @@ class ReplayScreen(PlainNotify, Screen[None]):
         self.meter.border_title = "system · recorded"
         self.acceptance.set_decoder(s.decode)
         draft = one_line(model_label(s.draft)) if s.draft else None  # names, never install paths
-        self.meter.set_pair(one_line(model_label(s.target)), draft, one_line(s.device or "recorded"))
+        self.meter.set_pair(one_line(model_label(s.target)), draft, one_line(s.device or "recorded"),
+                            where=one_line(s.server) if s.server else None)
         self.meter.set_settings(s.settings)
         self.meter.set_baseline_tps(recorded_baseline(s))
         self.set_interval(self.tick_s, self._tick)
@@ -165,6 +166,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 self._last_event_at = cue.at
             elif isinstance(ev, Done):
                 self.meter.on_done(ev)
+                self.acceptance.show_reported(ev.stats)  # a remote reply's figures, as it showed them
             elif isinstance(ev, Error):
                 self.chat.add_note(ev.message, "error")
         elif cue.kind == "end":

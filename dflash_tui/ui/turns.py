@@ -31,6 +31,15 @@ def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     if stats.get("mode") == "dflash":
         parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
         parts.append(f"{100 * stats.get('acceptance', 0):.0f}% accepted")
+    elif stats.get("mode") == "remote":
+        if stats.get("cycles"):
+            parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/step")
+            if "acceptance" in stats:
+                parts.append(f"{100 * stats['acceptance']:.0f}% accepted")
+        else:
+            parts.append("no speculative figures")
+        if stats.get("ttft_s") is not None:
+            parts.append(f"ttft {stats['ttft_s']:.2f} s")
     else:
         parts.append("target only")
     if stats.get("decode_tps"):
@@ -155,6 +164,7 @@ class TurnStreaming:
         self.meter.on_done(ev)
         self._recorder.add(ev)
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
+        self.acceptance.show_reported(ev.stats)
         self.acceptance.show_figures()
         self._end_turn()
         self._record_turn(ev.text)

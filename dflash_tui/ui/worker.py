@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 from textual.message import Message
 
@@ -386,9 +386,6 @@ class EngineWorker:
             if req.text is not None
             else conv.regenerate(settings, self._should_cancel)
         )
-        pending: list = []
-        last_flush = last_event = time.perf_counter()
-        last_memory = 0.0
         adaptive = settings.block_size == "auto" and not settings.baseline
         last_plan: Optional[tuple[int, int]] = None
 
@@ -401,6 +398,14 @@ class EngineWorker:
                 last_plan = plan
                 self._post(msg.SizerPlan(*plan))
 
+        self._pump(req.turn_id, events, lambda: [dict(m) for m in conv.messages], tell_plan)
+
+    def _pump(self, turn_id: int, events: Iterable[Any], messages: Callable[[], list[dict[str, str]]],
+              after_batch: Callable[[], None] = lambda: None) -> None:
+        """A turn's events to the UI: the prefill at once, blocks in batches the UI can paint, then the end."""
+        pending: list = []
+        last_flush = last_event = time.perf_counter()
+        last_memory = 0.0
         self._ui_ready.set()
         self._hold = 0.0
 
@@ -410,9 +415,9 @@ class EngineWorker:
                 return  # the UI is still painting the previous batch, or asked for a pause: keep collecting
             if pending:
                 self._ui_ready.clear()
-                self._post(msg.TurnBlocks(req.turn_id, pending, now - last_flush))
+                self._post(msg.TurnBlocks(turn_id, pending, now - last_flush))
                 pending = []
-                tell_plan()
+                after_batch()
             last_flush = now
             if now - last_memory > 0.5:
                 self._sample_memory()
@@ -421,7 +426,7 @@ class EngineWorker:
         for ev in events:
             now = time.perf_counter()
             if ev.type == "prefill":
-                self._post(msg.TurnPrefill(req.turn_id, ev))
+                self._post(msg.TurnPrefill(turn_id, ev))
                 last_flush = now
             elif ev.type == "block":
                 pending.append(ev)
@@ -431,12 +436,12 @@ class EngineWorker:
             elif ev.type == "done":
                 flush(now, final=True)
                 self._sample_memory()
-                self._post(msg.TurnDone(req.turn_id, ev, [dict(m) for m in conv.messages]))
+                self._post(msg.TurnDone(turn_id, ev, messages()))
                 if ev.stats.get("mode") == "baseline" and ev.finish_reason != "cancelled" and len(ev.tokens) >= 4:
                     self._post(msg.BaselineMeasured(ev.stats.get("decode_tps") or None, "turn"))
             elif ev.type == "error":
                 flush(now, final=True)
-                self._post(msg.TurnFailed(req.turn_id, ev.message))
+                self._post(msg.TurnFailed(turn_id, ev.message))
             last_event = now
 
     def _sample_memory(self) -> None:

@@ -1,0 +1,173 @@
+"""The remote engine client against loopback servers: recorded vLLM and SGLang shapes, and hostile ones.
+
+vLLM and SGLang cannot run here (no CUDA), so their streams are recorded examples built from their
+documentation and source: vLLM's per-request `metrics.speculative_decoding`
+(https://docs.vllm.ai/en/stable/features/speculative_decoding/acceptance_metrics/, with
+`--per-request-spec-decode-metrics detailed`) and SGLang's `meta_info` spec fields
+(python/sglang/srt/managers/tokenizer_manager.py in sgl-project/sglang), played by a real HTTP
+server on 127.0.0.1 so the client's own network code runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_tui.engine.events import Block, Done, Error, Prefill
+from dflash_tui.remote import figures as fig
+from dflash_tui.remote.client import RemoteClient, RemoteError, RemoteTarget, normalize_url, public_url
+from remote_fakes import FakeServer, chunk, models, sse, stream_then
+
+JSON = "application/json"
+STREAM = "text/event-stream"
+
+# vLLM, detailed level: the finishing chunk carries `metrics` (timing + speculative_decoding)
+VLLM_SPEC = {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 0, 1, 0],
+             "acceptance_histogram_by_draft_length": {"3": [1, 0, 1, 0]}, "num_spec_steps": 2,
+             "num_accepted_draft_tokens": 2, "num_draft_tokens": 6, "num_spec_tokens": 3,
+             "per_step_accepted": [2, 0], "per_step_drafted": [3, 3]}
+VLLM_STREAM = sse(chunk(""), chunk("Hello"), chunk(" there"), chunk("!"),
+                  chunk(None, "stop", metrics={"time_to_first_token_ms": 12.0, "speculative_decoding": VLLM_SPEC}),
+                  {**chunk(None), "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}})
+# SGLang: meta_info with its spec fields on the last chunk
+SGLANG_META = {"prompt_tokens": 9, "completion_tokens": 7, "spec_verify_ct": 3, "spec_accept_length": 7 / 3,
+               "spec_accept_rate": 4 / 9, "spec_num_correct_drafts": 4, "spec_num_proposed_drafts": 9}
+
+
+@pytest.fixture
+def fake():
+    server = FakeServer().start()
+    yield server
+    server.stop()
+
+
+def serve(fake: FakeServer, stream, model_ids=("m",), metrics=None) -> None:
+    fake.routes[("GET", "/v1/models")] = (200, JSON, models(*model_ids))
+    fake.routes[("POST", "/v1/chat/completions")] = stream if callable(stream) or isinstance(stream, tuple) \
+        else (200, STREAM, stream)
+    if metrics is not None:
+        fake.routes[("GET", "/metrics")] = metrics
+
+
+def run(fake: FakeServer, **kw) -> list:
+    timeout = kw.pop("timeout", 3.0)
+    client = RemoteClient(RemoteTarget(fake.url + "/v1/", **kw), read_timeout=timeout)
+    try:
+        client.connect()
+        return list(client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 16}))
+    finally:
+        client.close()
+
+
+def test_vllm_per_step_counts_become_the_done_figures(fake):
+    serve(fake, VLLM_STREAM)
+    events = run(fake)
+    assert isinstance(events[0], Prefill)
+    blocks = [e for e in events if isinstance(e, Block)]
+    assert [b.text for b in blocks] == ["Hello", " there", "!"] and all(not b.drafted and not b.emitted for b in blocks)
+    done = events[-1]
+    assert isinstance(done, Done) and done.text == "Hello there!" and done.finish_reason == "stop"
+    s = done.stats
+    assert s["spec_source"] == fig.VLLM and s["spec_steps"] == [[2, 3], [0, 3]]
+    assert s["cycles"] == 2 and s["acceptance"] == pytest.approx(2 / 6) and s["tokens_per_cycle"] == 2.0
+    assert s["generated_tokens"] == 4 and s["tokens_counted"] == "usage" and s["prompt_tokens"] == 9
+    sent = fake.seen[-1][2]
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True} and "dflash" not in sent
+
+
+def test_vllm_summary_only_gives_totals_without_rows(fake):
+    summary = {k: v for k, v in VLLM_SPEC.items() if not k.startswith("per_step")}
+    serve(fake, sse(chunk("a"), chunk(None, "length", metrics={"speculative_decoding": summary})))
+    s = run(fake)[-1].stats
+    assert s["cycles"] == 2 and s["spec_accepted"] == 2 and "spec_steps" not in s
+
+
+def test_sglang_meta_info_counts(fake):
+    serve(fake, sse(chunk("x"), chunk("y", "stop", meta_info=SGLANG_META)))
+    s = run(fake)[-1].stats
+    assert s["spec_source"] == fig.SGLANG and s["cycles"] == 3 and s["spec_accepted"] == 4 and s["spec_drafted"] == 9
+    assert s["tokens_per_cycle"] == pytest.approx(1 + 4 / 3)
+
+
+def test_sglang_with_only_the_mean_length():
+    f = fig.from_sglang({"spec_verify_ct": 4, "spec_accept_length": 2.5, "completion_tokens": 10})
+    assert f is not None and f.accepted == 6 and f.drafted is None
+
+
+@pytest.mark.parametrize("bad", [
+    {"speculative_decoding": {"num_spec_steps": "2", "num_accepted_draft_tokens": 1}},
+    {"speculative_decoding": {"num_spec_steps": 2, "num_accepted_draft_tokens": 9, "num_draft_tokens": 3}},
+    {"speculative_decoding": []}, "nonsense", None,
+])
+def test_malformed_vllm_figures_are_ignored(bad):
+    assert fig.from_vllm(bad) is None
+
+
+def test_metrics_counters_before_and_after_when_no_per_request_figures(fake):
+    pages = iter([b"vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 30\n"
+                  b"vllm:spec_decode_num_accepted_tokens_total 12\n"] * 2 +
+                 [b'vllm:spec_decode_num_drafts_total{model_name="m"} 14\nvllm:spec_decode_num_draft_tokens_total 42\n'
+                  b"vllm:spec_decode_num_accepted_tokens_total 20\n# HELP x\n"])
+    serve(fake, sse(chunk("ok"), chunk(None, "stop")),
+          metrics=lambda req: req._send(200, "text/plain", next(pages)))
+    s = run(fake)[-1].stats
+    assert s["spec_source"] == fig.METRICS and s["cycles"] == 4 and s["spec_drafted"] == 12 and s["spec_accepted"] == 8
+
+
+def test_a_plain_server_reports_none(fake):
+    serve(fake, sse(chunk("just text"), chunk(None, "stop")))
+    s = run(fake)[-1].stats
+    assert s["spec_source"] == "none" and s["mode"] == "remote" and s["tokens_counted"] == "chunks"
+
+
+# -- hostile servers: one clear line, never an exception ----------------------------------------------
+def test_garbage_in_the_stream(fake):
+    serve(fake, sse(chunk("a"), b"{not json"))
+    last = run(fake)[-1]
+    assert isinstance(last, Error) and "not JSON" in last.message
+
+
+def test_a_stream_cut_mid_reply(fake):
+    serve(fake, stream_then(sse(chunk("half a rep"), done=False)))
+    last = run(fake)[-1]
+    assert isinstance(last, Error) and "mid-reply" in last.message
+
+
+def test_a_server_that_goes_silent_times_out(fake):
+    serve(fake, stream_then(sse(chunk("a"), done=False)[:-1], hang=fake.release))
+    last = run(fake, timeout=1.0)[-1]
+    assert isinstance(last, Error) and "sent nothing for" in last.message
+
+
+def test_an_error_status_and_an_error_chunk(fake):
+    serve(fake, (400, JSON, b'{"error": {"message": "max_tokens is too large\\nsecond line"}}'))
+    last = run(fake)[-1]
+    assert isinstance(last, Error) and last.message.endswith("(400): max_tokens is too large")
+    serve(fake, sse(chunk("a"), {"error": {"message": "out of memory", "type": "server_error"}}))
+    assert run(fake)[-1].message == "the server: out of memory"
+
+
+def test_escapes_in_text_are_data(fake):
+    serve(fake, sse(chunk("\x1b[2J\x1b]52;c;aGk=\x07 hi"), chunk(None, "stop")))
+    assert run(fake)[-1].text == "\x1b[2J\x1b]52;c;aGk=\x07 hi"  # kept as sent; the chat shows it made visible
+
+
+def test_connect_errors_are_one_line(fake):
+    fake.routes[("GET", "/v1/models")] = (401, JSON, b'{"error": {"message": "bad key"}}')
+    with pytest.raises(RemoteError, match="wants an API key"):
+        RemoteClient(RemoteTarget(fake.url)).connect()
+    fake.routes[("GET", "/v1/models")] = (200, "text/html", b"<html>hello</html>")
+    with pytest.raises(RemoteError, match="not an OpenAI-compatible server"):
+        RemoteClient(RemoteTarget(fake.url)).connect()
+    fake.routes[("GET", "/v1/models")] = (200, JSON, models("a", "b"))
+    with pytest.raises(RemoteError, match="does not serve 'c'"):
+        RemoteClient(RemoteTarget(fake.url, model="c")).connect()
+    fake.stop()
+    with pytest.raises(RemoteError, match="nothing answers"):
+        RemoteClient(RemoteTarget(fake.url)).connect()
+
+
+def test_urls():
+    assert normalize_url("http://127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
+    assert public_url("https://user:secret@h.example:9/x?key=abc") == "https://h.example:9/x"
+    with pytest.raises(ValueError):
+        normalize_url("ftp://x")

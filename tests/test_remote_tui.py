@@ -1,0 +1,194 @@
+"""The TUI with a remote engine, for real: `dflash-tui serve` and `mlx_lm.server` on localhost, driven by Pilot."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from dflash_tui.remote.client import RemoteTarget
+from dflash_tui.server.launch import ServerProcess
+from dflash_tui.ui.acceptance import REMOTE_NONE, CountRow, text_only
+from dflash_tui.ui.app import DFlashApp
+from dflash_tui.ui.chat_view import AssistantMessage
+
+pytestmark = pytest.mark.anyio
+SIZE = (160, 48)
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def dflash_server(qwen3_dirs):
+    args = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--log-level", "warning"]
+    with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
+        yield s
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlx_lm_server(qwen3_dirs, tmp_path_factory):
+    port = _free_port()
+    hf_home = tmp_path_factory.mktemp("hf")
+    (hf_home / "hub").mkdir()  # an empty cache: its /v1/models lists only --model (and fails with no cache at all)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home)}
+    log = tmp_path_factory.mktemp("mlxlm") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mlx_lm", "server", "--model", str(qwen3_dirs["target"]),
+                                 "--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            assert proc.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                    if json.loads(r.read()).get("data"):
+                        break
+            except (OSError, ValueError):  # not listening yet, or not answering JSON yet
+                pass
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("mlx_lm.server did not come up:\n" + log.read_text())
+        yield url
+    finally:
+        proc.kill()  # by its PID
+        proc.wait(10)
+
+
+async def wait_for(pilot, cond, timeout: float = 60.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def connect(pilot, app) -> None:
+    await wait_for(pilot, lambda: app.model_state in ("ready", "failed"), what="the connection")
+    assert app.model_state == "ready", [str(n.render()) for n in app.chat.query("Note")]
+
+
+async def turn(pilot, app, text: str) -> None:
+    before = app.turn_id
+    app.prompt.value = text
+    app.prompt.focus()
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: app.turn_id > before and not app.generating, 120, "the reply to finish")
+    await pilot.pause(0.1)
+
+
+def record_events(app) -> list:
+    """Every event the remote client hands the worker, as the server's stream said it."""
+    seen: list = []
+    client = app.engine.client
+    chat = client.chat
+
+    def recording(*a, **kw):
+        for ev in chat(*a, **kw):
+            seen.append(ev)
+            yield ev
+
+    client.chat = recording
+    return seen
+
+
+def meter_text(app) -> str:
+    return "\n".join(str(w.render()) for w in app.meter.query("MeterText"))
+
+
+async def test_dflash_serve_live_rows_equal_the_servers_blocks_and_the_session_replays(dflash_server):
+    from dflash_tui.sessions import SessionStore
+    from dflash_tui.ui.replay_screen import ReplayScreen
+
+    app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
+    app.options.max_tokens = 24
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        assert app.server.kind == "dflash" and app.draft_name
+        seen = record_events(app)
+        await turn(pilot, app, "Write a function that reverses a list")
+        blocks = [e for e in seen if e.type == "block"]
+        assert any(b.drafted for b in blocks), "the server drafted nothing: the pane would show nothing to compare"
+        assert list(app.acceptance.rows.rows) == blocks  # the rows are the server's blocks, each of them
+        assert seen[-1].type == "done" and app.acceptance.stats.cycles == seen[-1].stats["cycles"]
+        host = dflash_server.base_url.split("//")[1]
+        assert f"dflash-tui serve at {host}" in meter_text(app) and f"engine on {dflash_server.base_url}" in meter_text(app)
+        reply = app.chat.query(AssistantMessage).last()
+        assert reply.raw_text == seen[-1].text
+        # cells show the server's token texts, not ids
+        drafted = next(b for b in blocks if b.drafted)
+        assert app.decoder(drafted.drafted[0]) == app.engine.client.token_text[drafted.drafted[0]]
+
+        # the session file: the server and the model, never a key; its replay shows the same rows
+        (summary,), _ = SessionStore().list()
+        saved = SessionStore().load(summary.id)
+        assert saved.server == dflash_server.base_url and saved.target == app.server.model
+        assert "api_key" not in saved.path.read_text()
+        app.push_screen(ReplayScreen(saved, speed=50.0))
+        await wait_for(pilot, lambda: isinstance(app.screen, ReplayScreen), 5, "the replay")
+        replay = app.screen
+
+        def replayed() -> int:
+            try:
+                return len(replay.acceptance.rows.rows)
+            except Exception:  # the screen is still composing
+                return -1
+
+        await wait_for(pilot, lambda: replayed() == len(blocks), 30, "the replayed rows")
+        assert list(app.screen.acceptance.rows.rows) == blocks
+
+
+async def test_mlx_lm_server_chats_and_the_pane_says_no_speculative_decoding(mlx_lm_server, qwen3_dirs):
+    from dflash_tui.sessions import SessionStore
+
+    app = DFlashApp(remote=RemoteTarget(mlx_lm_server), probe_tokens=0)
+    app.options.max_tokens = 12
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        assert app.server.kind == "openai" and app.acceptance_mode() == "remote"
+        seen = record_events(app)
+        await turn(pilot, app, "hello")
+        done = seen[-1]
+        assert done.type == "done", done
+        assert all(text_only(e) for e in seen if e.type == "block")
+        assert app.acceptance.message == REMOTE_NONE and not app.acceptance.rows.rows
+        assert REMOTE_NONE in str(app.acceptance.note.render())
+        footer = app.chat.query(AssistantMessage).last()
+        assert footer.raw_text == done.text and done.stats["generated_tokens"] > 0
+        assert done.stats["ttft_s"] > 0 and "ttft" in meter_text(app)
+        (summary,), _ = SessionStore().list()
+        assert SessionStore().load(summary.id).server == mlx_lm_server
+
+
+async def test_count_rows_from_a_servers_per_step_figures(anyio_backend):
+    """The pane's count-row mode (vLLM's per-step counts, recorded shape: see test_remote_client.py)."""
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=SIZE) as pilot:
+        app.acceptance.reset("remote")
+        app.acceptance.show_reported({"spec_source": "vLLM per-request metrics", "cycles": 2, "spec_accepted": 3,
+                                      "spec_drafted": 6, "spec_steps": [[3, 3], [0, 3]]})
+        await pilot.pause()
+        assert list(app.acceptance.rows.rows) == [CountRow(1, 3, 3), CountRow(2, 0, 3)]
+        assert app.acceptance.stats.accepted == 3 and app.acceptance.stats.drafted == 6
+        all_kept = "".join(seg.text for seg in app.acceptance.rows.render_line(0))
+        assert " 3/3 " in all_kept and "✗" not in all_kept and "+" in all_kept
+        none_kept = "".join(seg.text for seg in app.acceptance.rows.render_line(1))
+        assert " 0/3 " in none_kept and none_kept.count("✗") == 1 and none_kept.count("·") == 2
+        assert not any(ch.isalnum() for ch in all_kept.split("3/3", 1)[1])  # no token text is invented
+        assert "per-step counts" in str(app.acceptance.note.render())
