@@ -119,13 +119,20 @@ async def test_opening_a_session_resets_the_turn_figures(qwen3_dirs):
         await send(pilot, app, "hello")
         await finish_turn(pilot, app)
         session = app.session
+        await pilot.press("ctrl+n")  # a second conversation, another session, other rows
+        await wait_for(pilot, lambda: app.session is not session, 5, "a new conversation")
         await send(pilot, app, "more")
         await finish_turn(pilot, app)
         assert len(app.meter.state.turns) == 2
+        other = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]
         await app.open_session(session)
         await pilot.pause()
         assert app.meter.state.turns == [] and app.meter.state.tps is None
-        assert not app.acceptance.rows.rows
+        # the pane shows the opened session's reply in view, nothing of what was on screen before
+        recorded = [(e["drafted"], e["emitted"]) for e in session.messages[-1].trace if e["type"] == "block"]
+        shown = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]
+        assert shown and shown == recorded[-len(shown):] and shown != other[-len(shown):]
+        assert app.acceptance.stats.cycles == session.messages[-1].done().stats["cycles"]
 
 
 async def test_when_the_sizer_runs_the_target_alone_the_pane_and_the_meter_say_so(qwen3_dirs, monkeypatch):
