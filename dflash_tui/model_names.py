@@ -35,3 +35,9 @@ def model_label(name: Optional[str]) -> str:
         if m and (i == len(parts) - 1 or parts[i + 1] == "snapshots"):
             return f"{m['org']}/{m['name']}"
     return parts[-1] if parts else name
+
+
+def draft_label(target: Optional[str], draft: str) -> str:
+    """The draft's name, or "its draft" where it would only repeat the target's (the demo pair)."""
+    label = model_label(draft)
+    return "its draft" if label == model_label(target) else label

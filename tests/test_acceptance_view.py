@@ -60,18 +60,20 @@ def _styled(strip) -> list[tuple[str, str]]:
 
 
 async def test_rows_mark_accepted_rejected_target_and_dimmed():
-    decoder = {1: "a", 2: " b", 3: "c", 4: "d", 5: "\n", 9: "X"}.__getitem__
+    decoder = {1: "a", 2: " b", 3: "c", 4: "d", 5: "\n", 7: "E", 9: "X"}.__getitem__
     app = PanesApp()
     async with app.run_test(size=(120, 40)) as pilot:
         view = app.query_one(AcceptanceView)
         view.set_decoder(decoder)
         view.add_blocks([Block(0, [], 0, [5], "\n"), Block(1, [1, 2, 3, 4], 2, [1, 2, 9], "a bX"),
-                         Block(2, [1, 2, 3], 3, [1, 2, 3, 4], "a bcd"), Block(3, [1, 2, 3], 1, [1], "a")])
+                         Block(2, [1, 2, 3], 3, [1, 2, 3, 4], "a bcd"),
+                         Block(3, [1, 2, 3], 1, [1, 7], "a", eos=True),  # the target's own token is the EOS (7)
+                         Block(4, [1, 7, 3], 2, [1, 7], "a", eos=True)])  # the draft got the EOS right
         await pilot.pause()
         rows: AcceptanceRows = view.rows
         st = rows.get_component_rich_style
         acc, rej, own, dim = (st(f"acceptance--{n}") for n in ("accepted", "rejected", "target", "dimmed"))
-        plain, partial, full, cut = (_styled(rows._row_strip(i)) for i in range(4))
+        plain, partial, full, cut, kept_end = (_styled(rows._row_strip(i)) for i in range(5))
         assert plain[-1] == ("⏎", own)  # nothing drafted: just the target's token
         cells = partial[2:]  # after the index and the count
         assert partial[1][0] == "2/4"
@@ -80,7 +82,10 @@ async def test_rows_mark_accepted_rejected_target_and_dimmed():
         texts = "".join(seg.text for seg in rows._row_strip(1))
         assert "c" + "X" in texts
         assert full[2:] == [("a", acc), ("·b", acc), ("c", acc), ("d", own)]  # all kept, plus the bonus token
-        assert cut[2:] == [("a", acc), ("·b", rej), ("⏹", st("acceptance--end")), ("c", dim)]  # EOS cut the cycle
+        end = st("acceptance--end")
+        assert cut[2:] == [("a", acc), ("·b", rej), ("⏹", end), ("c", dim)]  # the target ended the reply
+        # an EOS the draft proposed and the target kept: the reply ends there; what follows is unused, not rejected
+        assert kept_end[2:] == [("a", acc), ("E", acc), ("⏹", end), ("c", dim)]
 
 
 async def test_rows_are_capped_and_batches_repaint_once():

@@ -62,7 +62,7 @@ def test_number_formats():
     assert sampling_label({"temperature": 0.7, "min_p": 0.05}) == "temp 0.7 min-p 0.05"
     assert short_name("/models/cache/Qwen3-8B-4bit") == "Qwen3-8B-4bit" and short_name("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
     from dflash_tui.demo import demo_draft_path, demo_target_path
-    from dflash_tui.ui.meter import draft_label
+    from dflash_tui.model_names import draft_label
 
     # the demo pair by its name, never its install path; its draft does not repeat that name
     assert short_name(str(demo_target_path())) == "demo (offline)"

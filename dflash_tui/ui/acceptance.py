@@ -369,6 +369,9 @@ class AcceptanceRows(ScrollView):
         accepted = min(b.accepted, n)
         cells: list[Segment] = []
         cells += self._cells(b.drafted[:accepted], st("acceptance--accepted"))
+        if b.eos and len(b.emitted) <= accepted:  # the reply ended inside the kept run (an EOS the draft got right):
+            cells += [Segment("⏹", st("acceptance--end")), gap]  # nothing after it was rejected, only unused
+            return Strip(segs + cells + self._cells(b.drafted[accepted:], st("acceptance--dimmed")))
         own = b.emitted[accepted] if len(b.emitted) > accepted else None
         if own is not None and b.eos and accepted == len(b.emitted) - 1:
             own = None  # the target's own token ended the reply: shown as the end mark

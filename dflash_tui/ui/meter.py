@@ -19,7 +19,7 @@ from textual.widget import Widget
 from textual.widgets import Sparkline
 
 from dflash_tui.engine.events import Block, Done, Prefill
-from dflash_tui.model_names import model_label
+from dflash_tui.model_names import draft_label, model_label
 from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
 from dflash_tui.ui.throttle import Throttle
 
@@ -57,12 +57,6 @@ def fmt_seconds(s: Optional[float]) -> str:
 def short_name(name: Optional[str]) -> str:
     """What the meter calls a model: its name, never where it is installed (model_names)."""
     return model_label(name)
-
-
-def draft_label(target: Optional[str], draft: str) -> str:
-    """The draft's name, or "its draft" where it would only repeat the target's (the demo pair)."""
-    label = model_label(draft)
-    return "its draft" if label == model_label(target) else label
 
 
 def sampling_label(settings: dict[str, Any]) -> str:

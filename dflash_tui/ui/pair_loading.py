@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dflash_tui.config import save_settings
-from dflash_tui.model_names import model_label
+from dflash_tui.model_names import draft_label, model_label
 from dflash_tui.printable import plain
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
@@ -86,7 +86,9 @@ class PairLoading:
                    "its speculative figures, if it reports any, come after each reply")
             self.chat.add_note(f"Connected to {server.where}: {message.target}; {how}.")
         elif message.draft:
-            self.chat.add_note(f"Loaded {target} with draft {model_label(message.draft)} in {message.seconds:.1f} s.")
+            draft = draft_label(message.target, message.draft)
+            draft = draft if draft == "its draft" else f"draft {draft}"
+            self.chat.add_note(f"Loaded {target} with {draft} in {message.seconds:.1f} s.")
         else:
             self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "
                                f"({message.no_draft or 'none given'}): the target runs alone.")
