@@ -94,3 +94,9 @@ def demo_pair_bundled() -> bool:
     except UserError:
         return False
     return True
+
+
+@pytest.fixture
+def anyio_backend():
+    """The event loop the async (Pilot) tests run on."""
+    return "asyncio"

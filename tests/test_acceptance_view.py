@@ -11,11 +11,6 @@ from dflash_tui.ui.acceptance import AcceptanceRows, AcceptanceStats, Acceptance
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _blocks(message_index: int) -> list[Block]:
     return [e for e in trace_session().messages[message_index].events() if isinstance(e, Block)]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from conftest import oracle_proposer, reference_tokens
-from dflash_tui.engine.adaptive import EXPLORE, BlockSizer, measure_costs
+from dflash_tui.engine.adaptive import measure_costs
+from dflash_tui.engine.block_sizer import EXPLORE, BlockSizer
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 
 FLAT = {b: 1.0 for b in (2, 4, 8, 16)}  # a device where a block costs the same whatever its size

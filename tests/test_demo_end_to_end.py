@@ -58,11 +58,6 @@ def test_bench_demo_reports_identical_outputs_and_acceptance(tmp_path):
     assert report["target"].endswith("target") and report["draft"].endswith("draft")
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_chat_app_on_the_demo_pair_shows_the_reply_and_its_blocks():
     from dflash_tui.demo import demo_draft_path, demo_target_path

@@ -23,7 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from conftest import oracle_proposer, reference_tokens
 from dflash_tui.engine import gdn_tape
-from dflash_tui.engine.adaptive import BlockSizer
+from dflash_tui.engine.block_sizer import BlockSizer
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Block
 from dflash_tui.engine.loading import load_pair

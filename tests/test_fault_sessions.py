@@ -294,11 +294,6 @@ def _screen_text(app) -> str:
     return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_replay_of_a_session_full_of_escapes_shows_them_inert():
     from dflash_tui.ui.replay_screen import ReplayApp, ReplayScreen

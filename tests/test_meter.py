@@ -16,11 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _blocks(n: int, tokens: int = 3) -> list[Block]:
     return [Block(i, [1] * 15, tokens - 1, [1] * tokens, "x") for i in range(n)]
 

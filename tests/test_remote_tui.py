@@ -22,11 +22,6 @@ pytestmark = pytest.mark.anyio
 SIZE = (160, 48)
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.fixture(scope="module")
 def dflash_server(qwen3_dirs):
     args = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--log-level", "warning"]

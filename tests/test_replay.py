@@ -14,11 +14,6 @@ from dflash_tui.sessions import Session
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _short_session(cycle_s: float = 0.02, cycles: int = 10) -> Session:
     """Two messages; the reply's cycles are `cycle_s` apart (recorded)."""
     s = Session(id="short", title="t", created="", updated="", target="t", draft="d", settings={})

@@ -182,11 +182,6 @@ def test_a_cycle_is_refused(tmp_path):
 
 
 # -- replay follows the branch in view ---------------------------------------------------------
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_replay_plays_the_branch_in_view_of_a_saved_tree(tmp_path, monkeypatch):
     """Build a tree through the API, save, reload by a prefix of its id through the replay command, and play

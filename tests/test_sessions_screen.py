@@ -16,11 +16,6 @@ from dflash_tui.ui.sessions_screen import ConfirmScreen, RenameScreen, SessionsS
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 class Host(App[None]):
     """Pushes the sessions screen and keeps what it dismissed with."""
 

@@ -23,11 +23,6 @@ SIZE = (120, 36)
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 async def wait_for(pilot, cond, timeout: float = 30.0, what: str = "condition") -> None:
     end = time.monotonic() + timeout
     while not cond():

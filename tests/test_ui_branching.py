@@ -19,11 +19,6 @@ from dflash_tui.ui.keys import help_rows  # noqa: E402
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def users(app) -> list[str]:
     return [u.raw_text for u in app.chat.query(UserMessage)]
 

@@ -19,11 +19,6 @@ SIZE = (120, 36)
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _body(app) -> str:
     return str(app.meter._body.render())
 

@@ -25,11 +25,6 @@ SIZE = (120, 36)
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 def _notes(app) -> list[str]:
     return [n.message for n in app._notifications]
 

@@ -20,11 +20,6 @@ from dflash_tui.ui.worker import EngineWorker, Generate
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 class Host(App):
     CSS_PATH = str(Path(__file__).resolve().parents[1] / "dflash_tui" / "ui" / "app.tcss")  # the app's message styles
 

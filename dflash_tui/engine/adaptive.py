@@ -17,12 +17,9 @@ import time
 
 import mlx.core as mx
 
-from dflash_tui.engine.block_sizer import CANDIDATES, EXPLORE, BlockSizer
 from dflash_tui.engine.draft import DFlashDraft
-from dflash_tui.engine.draft_step import SelectorStep, block_proposals
+from dflash_tui.engine.draft_step import block_proposals, greedy_ids
 from dflash_tui.engine.target import Target
-
-__all__ = ["CANDIDATES", "EXPLORE", "BlockSizer", "measure_costs"]
 
 
 def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], context: int = 64, reps: int = 5) -> dict[int, float]:
@@ -39,8 +36,7 @@ def measure_costs(target: Target, draft: DFlashDraft, sizes: tuple[int, ...], co
         block = mx.array([[1] * b])
         tic = time.perf_counter()
         if b > 1:
-            proposed = block_proposals(target, draft, dcache, 1, b, None)  # the loop's own draft step
-            mx.eval(proposed.greedy() if isinstance(proposed, SelectorStep) else mx.argmax(proposed, axis=-1))
+            mx.eval(greedy_ids(block_proposals(target, draft, dcache, 1, b, None)))  # the loop's own draft step
         target.begin_verify(cache)
         logits, f = target.forward(block, cache)
         mx.eval(logits.argmax(-1), f)

@@ -8,7 +8,8 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 import mlx.core as mx
 
-from dflash_tui.engine.adaptive import CANDIDATES, BlockSizer, measure_costs
+from dflash_tui.engine.adaptive import measure_costs
+from dflash_tui.engine.block_sizer import CANDIDATES, BlockSizer
 from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.engine.distributed import Ranks, rank_lost
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
@@ -104,6 +105,11 @@ class Conversation:
             self._sizer = BlockSizer(costs, max_block)
         self._sizer.chosen = {}
         return self._sizer
+
+    def sizer_plan(self) -> Optional[tuple[int, int]]:
+        """(the block size the adaptive sizer will choose next, target-alone steps in a row), or
+        None before an adaptive turn has made the sizer."""
+        return (self._sizer.peek(), self._sizer.alone) if self._sizer is not None else None
 
     @property
     def eos_ids(self) -> set[int]:

@@ -55,3 +55,9 @@ def block_proposals(target: Target, draft: DFlashDraft, cache: list[Any], token:
     draft the step its selector picks from."""
     block, hidden, logits = _block(target, draft, cache, token, b, features)
     return SelectorStep(draft, hidden, logits, block[:, 0]) if draft.selects else logits[0]
+
+
+def greedy_ids(proposed: "mx.array | SelectorStep") -> mx.array:
+    """The b-1 greedy proposals of a step: the logits' argmax, or the selector's greedy path. The
+    draft's argmax needs no log-probabilities: only the target's choice must match mlx-lm's."""
+    return proposed.greedy() if isinstance(proposed, SelectorStep) else mx.argmax(proposed, axis=-1)

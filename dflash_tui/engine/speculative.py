@@ -18,8 +18,8 @@ from dflash_tui.engine.sampling import (
     sample_proposals,
     speculative_accept,
 )
-from dflash_tui.engine.adaptive import BlockSizer
-from dflash_tui.engine.draft_step import SelectorStep, block_proposals
+from dflash_tui.engine.block_sizer import BlockSizer
+from dflash_tui.engine.draft_step import SelectorStep, block_proposals, greedy_ids
 from dflash_tui.engine.state import DecodeState
 
 
@@ -43,8 +43,7 @@ def draft_logits(state: DecodeState, token: int, b: int) -> "mx.array | Selector
 
 def draft_proposals(state: DecodeState, token: int, b: int) -> mx.array:
     """One draft forward -> b-1 greedy proposals (lazy)."""
-    proposed = draft_logits(state, token, b)
-    return proposed.greedy() if isinstance(proposed, SelectorStep) else greedy(proposed)
+    return greedy_ids(draft_logits(state, token, b))
 
 
 # A proposer returns [b-1] token ids (a deterministic draft: under sampling its
@@ -58,12 +57,12 @@ def _choose_proposals(
     proposed: "mx.array | SelectorStep", sampling: Optional[SamplingConfig], keys: Optional[KeyStream]
 ) -> tuple[mx.array, Optional[mx.array]]:
     """(proposal ids [b-1], their q [b-1, V] or None for one-hot)."""
-    if isinstance(proposed, SelectorStep):
-        return (proposed.greedy(), None) if sampling is None else proposed.sample(sampling.temperature, keys.next())
-    if proposed.ndim == 1:
-        return proposed, None
+    if not isinstance(proposed, SelectorStep) and proposed.ndim == 1:
+        return proposed, None  # ids already: a one-hot q
     if sampling is None:
-        return greedy(proposed), None
+        return greedy_ids(proposed), None
+    if isinstance(proposed, SelectorStep):
+        return proposed.sample(sampling.temperature, keys.next())
     return sample_proposals(proposed, sampling, keys.next())
 
 

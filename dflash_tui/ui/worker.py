@@ -333,45 +333,40 @@ class EngineWorker:
 
     def _measure_costs(self, block: int) -> None:
         try:  # the adaptive block size's cost curve, now rather than in the first reply's wait
-            sizer = self.conversation.block_sizer(block)
+            self.conversation.block_sizer(block)
         except Exception as exc:  # the first "auto" turn measures it again
             self._post(msg.EngineNotice(f"block-size cost curve not measured: {_first_line(exc)}", "warning"))
             return
-        self._post(msg.SizerPlan(sizer.peek(), sizer.alone))
+        self._post(msg.SizerPlan(*self.conversation.sizer_plan()))
 
     def _probe(self, tokens: int) -> None:
         """Measure the target alone on a short prompt, so the meter's speedup is measured, not guessed."""
         from dflash_tui.engine.conversation import GenerationSettings
 
-        conv = self.conversation
-        prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])
-        for _ in conv.generate_tokens(prompt, GenerationSettings(max_tokens=4, baseline=True), self._should_cancel):
-            pass  # warm-up: the first forwards pay for kernel compilation
-        done = None
-        for ev in conv.generate_tokens(prompt, GenerationSettings(max_tokens=tokens, baseline=True), self._should_cancel):
-            done = ev
-        tps = None
-        if done is not None and done.type == "done" and len(done.tokens) >= 4:
-            tps = done.stats.get("decode_tps") or None
+        self._timed_probe(GenerationSettings(max_tokens=4, baseline=True), 1)  # warm-up: kernels compile on first use
+        tps = self._timed_probe(GenerationSettings(max_tokens=tokens, baseline=True), 4)
         self._post(msg.BaselineMeasured(tps, "probe"))
 
     def _probe_dflash(self, tokens: int, block_size: Optional[Union[int, str]]) -> None:
         """DFlash on the probe's prompt, greedy, with the block size the app asks for."""
         from dflash_tui.engine.conversation import GenerationSettings
 
+        tps = self._timed_probe(GenerationSettings(max_tokens=tokens, block_size=block_size), MIN_TIMED_TOKENS)
+        self._post(msg.ProbeMeasured(tps))
+        plan = self.conversation.sizer_plan() if block_size == "auto" else None
+        if plan is not None:
+            self._post(msg.SizerPlan(*plan))
+
+    def _timed_probe(self, settings: Any, min_tokens: int) -> Optional[float]:
+        """Decode tok/s of one reply to the probe's prompt; None if it stopped early or was too short to time."""
         conv = self.conversation
         prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])
         done = None
-        for ev in conv.generate_tokens(prompt, GenerationSettings(max_tokens=tokens, block_size=block_size),
-                                       self._should_cancel):
+        for ev in conv.generate_tokens(prompt, settings, self._should_cancel):
             done = ev
-        tps = None
-        if done is not None and done.type == "done" and done.finish_reason != "cancelled" \
-                and len(done.tokens) >= MIN_TIMED_TOKENS:
-            tps = done.stats.get("decode_tps") or None
-        self._post(msg.ProbeMeasured(tps))
-        if block_size == "auto" and conv._sizer is not None:
-            self._post(msg.SizerPlan(conv._sizer.peek(), conv._sizer.alone))
+        if done is None or done.type != "done" or done.finish_reason == "cancelled" or len(done.tokens) < min_tokens:
+            return None
+        return done.stats.get("decode_tps") or None
 
     def _generate(self, req: Generate) -> None:
         from dflash_tui.engine.conversation import GenerationSettings
@@ -392,8 +387,7 @@ class EngineWorker:
         def tell_plan() -> None:
             """The sizer's next choice, when it changed (read here, in the thread that drives the sizer)."""
             nonlocal last_plan
-            sizer = conv._sizer if adaptive else None
-            plan = (sizer.peek(), sizer.alone) if sizer is not None else None
+            plan = conv.sizer_plan() if adaptive else None
             if plan is not None and plan != last_plan:
                 last_plan = plan
                 self._post(msg.SizerPlan(*plan))
