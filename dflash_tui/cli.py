@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    # transformers warns on stderr about prompts past its tokenizer's length before the engine's own
+    # one-line check can speak; the errors it has stay
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         try:
             return _main(argv)

@@ -157,3 +157,17 @@ def test_a_prompt_argument_that_is_not_utf8_is_one_line(qwen3_dirs, capsys):
     prompt = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands over such argv bytes
     assert main(["generate", prompt, *_pair_args(qwen3_dirs)]) == 1
     assert "the prompt is not valid UTF-8" in _one_line(capsys)
+
+
+def test_a_prompt_past_every_length_limit_is_still_one_line_from_the_process():
+    """40,000 words pass the tokenizer library's own length limit too: its warning must not come
+    before the engine's line (a real process: the library's logging writes to the real stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRANSFORMERS_VERBOSITY"}
+    r = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "-", "--demo", "--max-tokens", "4"],
+                       input="word " * 40000, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "the model's context is 4096" in r.stderr, r.stderr
