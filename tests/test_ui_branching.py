@@ -222,3 +222,48 @@ async def test_the_palette_switches_versions_and_f1_lists_the_branch_keys(qwen3_
         await wait_for(pilot, lambda: app.session.siblings(app.session.messages[-1].id) == (1, 2), 5,
                        "the first reply in view")
         await wait_for(pilot, lambda: "‹ 1/2 ›" in header(app.chat.last_assistant()), 5, "its header")
+
+
+async def test_a_slash_command_typed_while_editing_runs_and_the_edit_stays(qwen3_dirs):
+    from dflash_tui.ui.commands import help_markdown
+
+    assert "also while you edit a message" in help_markdown(help_rows())
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 4
+    async with app.run_test(size=SIZE) as pilot:
+        await two_turns(pilot, app)
+        before = list(app.session.messages)
+        nodes = len(app.session.tree.nodes)
+        app.chat.query(UserMessage).first().focus()
+        await pilot.press("e")
+        assert app.prompt.editing == before[0].id
+
+        # a setting: it is set, nothing forks, the message's text is back in the prompt, still editing
+        app.prompt.value = "/max-tokens 3"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.options.max_tokens == 3, 5, "the command to run")
+        await pilot.pause(0.3)
+        assert not app.generating and len(app.session.tree.nodes) == nodes and app.session.messages == before
+        assert app.prompt.editing == before[0].id and app.prompt.value == "first question"
+        assert "editing message 1" in str(app.prompt.border_title)
+        assert users(app) == ["first question", "second question"]
+
+        # '//' is a literal '/': that is an edit, and it forks with the setting just made
+        app.prompt.value = "//etc is a folder"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.session.tree.nodes) == nodes + 2, 60, "the fork")
+        await finish_turn(pilot, app)
+        assert users(app) == ["/etc is a folder"] and app.prompt.editing is None
+        assert len(app.session.messages[-1].done().tokens) <= 3
+        session_id = app.session.id
+
+        # /new while editing: the message is gone from view, so the edit ends (what was typed before comes back)
+        app.prompt.value = "half-typed"
+        app.chat.query(UserMessage).first().focus()
+        await pilot.press("e")
+        app.prompt.value = "/new"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session is None, 5, "the new conversation")
+        await wait_for(pilot, lambda: app.prompt.editing is None, 5, "the edit to end")
+        assert app.prompt.value == "half-typed" and users(app) == []
+        assert len(SessionStore().load(session_id).tree.nodes) == nodes + 2  # the saved session is untouched

@@ -37,12 +37,13 @@ async def test_a_pasted_three_lines_reach_the_model_whole_and_show_inert(qwen3_d
         await ready(pilot, app)
         app.prompt.focus()
         app.post_message(events.Paste(hostile))  # as the terminal delivers a bracketed paste
-        await wait_for(pilot, lambda: app.prompt.value == hostile, 5, "the paste")
+        shown = hostile.replace("\x1b", "\u241b")  # every character kept; the ESC as its symbol, as it is sent
+        await wait_for(pilot, lambda: app.prompt.value == shown, 5, "the paste")
         await pilot.press("enter")
         await finish_turn(pilot, app)
-        assert app.engine.conversation.messages[0] == {"role": "user", "content": hostile}
-        (shown,) = app.chat.query(UserMessage)
-        body = str(shown.query_one(".message-body").render())
+        assert app.engine.conversation.messages[0] == {"role": "user", "content": shown}
+        (message,) = app.chat.query(UserMessage)
+        body = str(message.query_one(".message-body").render())
         assert "[b]two[/b]" in body and "\x1b" not in body and "\u241b[2Jthree" in body
         assert app.prompt.value == ""
 

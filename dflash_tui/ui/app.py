@@ -26,6 +26,7 @@ from dflash_tui.ui.keys import app_bindings, help_rows, read_alt_enter_as_new_li
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
 from dflash_tui.ui.pair_loading import PairLoading, block_too_big
+from dflash_tui.ui.paste_parser import read_pastes_whole
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
 from dflash_tui.ui.themes import ThemeKeeping
@@ -58,6 +59,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         """`remote`: a RemoteTarget (remote/client.py): the engine is that server's, not MLX here."""
         super().__init__()
         read_alt_enter_as_new_line()
+        read_pastes_whole(self.driver_class)  # a paste holding an ESC arrives whole (ui/paste_parser.py)
         self.loaded_config = config or load_config()
         cfg = self.loaded_config.config
         self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file
@@ -215,6 +217,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
     @on(PromptBox.Send)
     async def _send(self, event: PromptBox.Send) -> None:
         if await run_slash(self, event.text):
+            self.end_edit_if_gone()  # a command typed while editing leaves the edit pending (ui/branching.py)
             return
         text = event.text[1:] if event.text.startswith("//") else event.text  # '//' sends a literal '/'
         if not self._can_start():

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 from dflash_tui.engine.events import Block
 from dflash_tui.session_tree import Message
 from dflash_tui.ui.chat_view import MessageBlock, UserMessage
-from dflash_tui.ui.prompt import PromptBox
+from dflash_tui.ui.prompt import PromptBox, message_text, prompt_text
 from dflash_tui.ui.turns import reply_footer
 from dflash_tui.ui.worker import Restore
 
@@ -164,7 +164,7 @@ class Branching:
             return
         if not self._can_start():
             return  # the edit stays in the prompt
-        if event.text == message.content:
+        if event.text in (message.content, message_text(prompt_text(message.content))):
             self.notify("The text is unchanged: change it and press Enter, or Esc to cancel", severity="warning")
             return
         tree = self.session.tree
@@ -174,7 +174,17 @@ class Branching:
         await self.chat.clear()
         self.render_messages(self.session, before)
         self.engine.submit(Restore(as_conversation(before)))
-        self.start_turn(event.text, edit_of=message.id)  # recorded once the reply is done (app._record_turn)
+        text = event.text[1:] if event.text.startswith("//") else event.text  # '//' is a literal '/', as in a send
+        self.start_turn(text, edit_of=message.id)  # recorded once the reply is done (app._record_turn)
+
+    def end_edit_if_gone(self) -> None:
+        """After a slash command: an edit whose message is no longer in view (/new, another session) ends."""
+        editing = self.prompt.editing
+        if editing is None:
+            return
+        if self.session is None or editing not in {m.id for m in self.session.messages}:
+            self.prompt.end_edit(restore=True)
+            self.notify("The message being edited is no longer in view: the edit is cancelled", timeout=3)
 
     def after_failed_turn(self, reason: str) -> None:
         """A failed edit is not kept: the chat and the engine go back to the session's branch."""

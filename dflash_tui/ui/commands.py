@@ -228,7 +228,11 @@ class DFlashProvider(Provider):
 def help_markdown(keys: Iterable[tuple[str, str]]) -> str:
     lines = ["# dflash-tui", "", "Type a message and press **Enter**; **shift+enter**, **alt+enter** or **ctrl+j** "
              "start a new line (terminals differ in which they pass on). A message starting with `/` is a command "
-             "(`//` sends a literal `/`).", "", "## Keys", ""]
+             "(`//` sends a literal `/`), also while you edit a message (`e`): the command runs and the edit stays, "
+             "the message's text back in the prompt (Enter forks, Esc cancels), unless the command took the "
+             "message away (`/new` cancels the edit).", "", "A paste keeps every line; a control character in it "
+             "(ESC, from coloured terminal output) is kept as its symbol (␛), which is what is sent.",
+             "", "## Keys", ""]
     lines += [f"- `{key}` — {what}" for key, what in keys]
     lines += ["", "ctrl+l is not used (it clears the screen in a shell), nor ctrl+m, ctrl+i, ctrl+h (Enter, Tab, "
               "Backspace in most terminals).", "", "## Commands", ""]

@@ -2,11 +2,19 @@
 
 Editing a message of the conversation loads its text here, and the border
 says so ("editing message N — Enter forks, Esc cancels"): Enter posts `EditSent`
-instead of `Send`, Esc puts back what was being typed before.
+instead of `Send`, Esc puts back what was being typed before. A slash command
+typed while editing is still a command (`Send`): it runs, and the edit stays, the
+message's text back in the prompt (the app ends the edit if the command took the
+message out of view, as /new does).
 
 Terminals differ in what a modified Enter sends, so shift+enter, alt+enter and
 ctrl+j (a bare line feed, what many terminals send for shift+enter) all insert
-a new line. A paste keeps every line.
+a new line. A paste keeps every line and every character, except that a control
+character (ESC, BEL, ...) becomes its visible symbol (ESC -> ␛): the prompt never
+writes one to the terminal, and what it shows is what is sent. The same holds for
+text put in the prompt any other way ($EDITOR, editing a message). A paste holding
+an ESC reaches the prompt whole because the driver reads it with
+ui/paste_parser.py; text in [brackets] is shown as typed, never read as markup.
 """
 
 from __future__ import annotations
@@ -19,10 +27,19 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
 
+from dflash_tui.printable import printable
+from dflash_tui.ui.commands import parse as parse_command
+
 HISTORY_LIMIT = 500
 NEWLINE_KEYS = frozenset({"shift+enter", "alt+enter", "ctrl+j"})
 PLACEHOLDER = "Message · Enter sends · shift+enter new line · / commands · F1 help"
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
+_CARRIAGE_RETURNS = re.compile(r"\r\n?")  # what many terminals paste for a line break
+
+
+def prompt_text(text: str) -> str:
+    """`text` as the prompt holds it: line breaks as \\n, tabs kept, other control characters as symbols."""
+    return printable(_CARRIAGE_RETURNS.sub("\n", text), lines=True)
 
 
 def message_text(text: str) -> str:
@@ -64,6 +81,7 @@ class PromptBox(TextArea):
         self._draft = ""
         self.editing: Optional[str] = None  # the id of the message being edited
         self._before_edit = ""  # what was being typed when the edit began
+        self._edit_text = ""  # the edited message's text, back in the prompt after a slash command
 
     # -- the text ------------------------------------------------------------------
     @property
@@ -73,7 +91,7 @@ class PromptBox(TextArea):
     @value.setter
     def value(self, text: str) -> None:
         """Replace the text, the cursor at its end."""
-        self.load_text(text)
+        self.load_text(prompt_text(text))
         self.move_cursor(self.document.end)
 
     def update_suggestion(self) -> None:
@@ -85,7 +103,11 @@ class PromptBox(TextArea):
         match = next((s for s in self.suggestions if s.startswith(text.lower()) and s != text.lower()), "")
         self.suggestion = match[len(text):] if match else ""
 
-    # -- keys ----------------------------------------------------------------------
+    # -- keys and pastes ---------------------------------------------------------------
+    async def _on_paste(self, event: events.Paste) -> None:
+        # runs before TextArea's own handler, which inserts the event's text as it is
+        event.text = prompt_text(event.text)
+
     async def _on_key(self, event: events.Key) -> None:
         # runs before TextArea's own handler, which would insert a new line for Enter
         if event.key == "enter":
@@ -127,6 +149,7 @@ class PromptBox(TextArea):
         if self.editing is None:
             self._before_edit = self.text
         self.editing = message_id
+        self._edit_text = text
         self.value = text
         self.border_title = f"editing message {number} — Enter forks, Esc cancels"
         self.add_class("-editing")
@@ -164,7 +187,13 @@ class PromptBox(TextArea):
         if not text:
             return
         if self.editing is not None:
-            self.post_message(self.EditSent(self.editing, text))  # the app ends the edit once it forks
+            if parse_command(text) is None:
+                self.post_message(self.EditSent(self.editing, text))  # the app ends the edit once it forks
+                return
+            # a slash command, not the message's new text: it runs, and the edit stays with the message's text
+            self.remember(text)
+            self.value = self._edit_text
+            self.post_message(self.Send(text))
             return
         self.remember(text)
         self.value = ""
