@@ -96,7 +96,8 @@ def record_events(app) -> list:
 
     def recording(*a, **kw):
         for ev in chat(*a, **kw):
-            seen.append(ev)
+            if ev is not None:  # None: the stream was quiet for a while
+                seen.append(ev)
             yield ev
 
     client.chat = recording
@@ -187,3 +188,26 @@ async def test_count_rows_from_a_servers_per_step_figures(anyio_backend):
         assert " 0/3 " in none_kept and none_kept.count("✗") == 1 and none_kept.count("·") == 2
         assert not any(ch.isalnum() for ch in all_kept.split("3/3", 1)[1])  # no token text is invented
         assert "per-step counts" in str(app.acceptance.note.render())
+
+
+async def test_esc_stops_a_turn_at_once_while_the_server_is_silent(anyio_backend):
+    """A real server that streams a first piece and then says nothing: Esc ends the turn now (the client
+    would otherwise wait out its read limit), the piece that came is kept, and the server sees the hang-up."""
+    from stall_server import StallServer
+
+    with StallServer() as server:
+        app = DFlashApp(remote=RemoteTarget(server.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            app.prompt.value = "hello"
+            app.prompt.focus()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.generating and "Hello" in (app.chat.query(AssistantMessage).last().raw_text
+                                                                          if app.chat.query(AssistantMessage) else ""),
+                           20, "the first piece")
+            await pilot.pause(0.5)  # the server is silent now
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.generating, 5, "the turn to stop")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hello"
+            assert server.hung_up.wait(5), "the server did not see the client go"
+            assert app.engine.messages[-1] == {"role": "assistant", "content": "Hello"}

@@ -15,7 +15,10 @@ from textual.message import Message
 
 from dflash_tui.remote.client import RemoteClient, RemoteError, RemoteTarget
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem, _first_line
+from dflash_tui.ui.worker import (FLUSH_INTERVAL_S, EngineWorker, Generate, Load, NewConversation, Restore, SetSystem,
+                                  _first_line)
+
+IDLE_FLUSH_S = FLUSH_INTERVAL_S  # a quiet stream's held blocks go out after this long
 
 
 class RemoteWorker(EngineWorker):
@@ -38,6 +41,19 @@ class RemoteWorker(EngineWorker):
     @conversation.setter
     def conversation(self, value: Any) -> None:  # EngineWorker's __init__ and _release set it
         pass
+
+    def cancel(self) -> None:
+        """Esc: the turn ends now, not at the server's next chunk (it may never come)."""
+        super().cancel()
+        client = self.client
+        if client is not None:
+            client.abort()
+
+    def stop(self) -> None:
+        super().stop()
+        client = self.client
+        if client is not None:
+            client.abort()
 
     def _release(self) -> None:
         if self.client is not None:
@@ -107,8 +123,10 @@ class RemoteWorker(EngineWorker):
         replied: list[str] = []
 
         def events():
-            for ev in client.chat(asked, req.settings, self._should_cancel):
-                if ev.type == "done":
+            for ev in client.chat(asked, req.settings, self._should_cancel, idle_s=IDLE_FLUSH_S):
+                if ev is None:  # the server is quiet: the pump shows what it holds
+                    pass
+                elif ev.type == "done":
                     replied.append(ev.text)
                     self.messages.append({"role": "assistant", "content": ev.text})
                 elif ev.type == "error" and req.text is not None and self.messages[-1:] == [asked[-1]]:

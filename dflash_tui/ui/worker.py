@@ -419,6 +419,9 @@ class EngineWorker:
 
         for ev in events:
             now = time.perf_counter()
+            if ev is None:  # a remote engine's stream is idle: what is held goes out, not at its next chunk
+                flush(now)
+                continue
             if ev.type == "prefill":
                 self._post(msg.TurnPrefill(turn_id, ev))
                 last_flush = now
