@@ -17,6 +17,7 @@ from dflash_tui.server.launch import ServerProcess
 from dflash_tui.ui.acceptance import REMOTE_NONE, CountRow, text_only
 from dflash_tui.ui.app import DFlashApp
 from dflash_tui.ui.chat_view import AssistantMessage
+from dflash_tui.ui.meter import fmt_rate
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)
@@ -117,6 +118,10 @@ async def test_dflash_serve_live_rows_equal_the_servers_blocks_and_the_session_r
     async with app.run_test(size=SIZE) as pilot:
         await connect(pilot, app)
         assert app.server.kind == "dflash" and app.draft_name
+        # the speedup's baseline is the server's own probe, as a local pair's is the local probe
+        probe = app.server.target_alone_tps
+        assert probe and app.server.dflash_probe_tps
+        await wait_for(pilot, lambda: app.meter.state.baseline_tps == probe, 5, "the server's baseline")
         seen = record_events(app)
         await turn(pilot, app, "Write a function that reverses a list")
         blocks = [e for e in seen if e.type == "block"]
@@ -127,6 +132,10 @@ async def test_dflash_serve_live_rows_equal_the_servers_blocks_and_the_session_r
         assert f"dflash-tui serve at {host}" in meter_text(app) and f"engine on {dflash_server.base_url}" in meter_text(app)
         reply = app.chat.query(AssistantMessage).last()
         assert reply.raw_text == seen[-1].text
+        done = seen[-1]
+        assert done.finish_reason == "length" and done.stats["generated_tokens"] == 24
+        assert app.meter.state.speedup_figure == (pytest.approx(done.stats["decode_tps"] / probe), "turn")
+        assert f"vs {fmt_rate(probe)} tok/s target alone" in meter_text(app)
         # cells show the server's token texts, not ids
         drafted = next(b for b in blocks if b.drafted)
         assert app.decoder(drafted.drafted[0]) == app.engine.client.token_text[drafted.drafted[0]]
@@ -168,6 +177,8 @@ async def test_mlx_lm_server_chats_and_the_pane_says_no_speculative_decoding(mlx
         footer = app.chat.query(AssistantMessage).last()
         assert footer.raw_text == done.text and done.stats["generated_tokens"] > 0
         assert done.stats["ttft_s"] > 0 and "ttft" in meter_text(app)
+        # no measured baseline from this server: no speedup, and the meter says why
+        assert app.meter.state.speedup is None and "— speedup (the server reports no target-alone speed)" in meter_text(app)
         (summary,), _ = SessionStore().list()
         assert SessionStore().load(summary.id).server == mlx_lm_server
 

@@ -88,7 +88,10 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
 def test_health_models_and_api_key(server, client):
     status, _, body = raw(server, "GET", "/health", headers={"Authorization": ""})
     assert status == 200 and json.loads(body)["status"] == "ok"
-    assert [m.id for m in client.models.list().data] == ["target"]  # the directory's name, never its path
+    listed = client.models.list().data
+    assert [m.id for m in listed] == ["target"]  # the directory's name, never its path
+    probe = listed[0].model_extra["dflash"]["probe"]  # measured after load, as the TUI's local probe
+    assert probe["target_alone_tps"] > 0 and probe["dflash_tps"] > 0
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()

@@ -55,6 +55,9 @@ class ServerInfo:
     block_size: int = 0
     models: list[str] = field(default_factory=list)
     has_metrics: bool = False  # /metrics answers with speculative counters
+    # dflash-tui serve's probe after load (decode tok/s on one prompt): the target alone, then DFlash
+    target_alone_tps: Optional[float] = None
+    dflash_probe_tps: Optional[float] = None
 
     @property
     def where(self) -> str:
@@ -85,6 +88,11 @@ def public_url(url: str) -> str:
         host = f"[{host}]"
     netloc = host + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _rate(value: Any) -> Optional[float]:
+    """A tokens-per-second figure a server sent, if it is one."""
+    return float(value) if type(value) in (int, float) and 0 < value < 1e7 else None
 
 
 def _one_line(text: Any) -> str:
@@ -180,6 +188,9 @@ class RemoteClient:
             info.draft = ext.get("draft") is True
             spec = ext.get("num_spec_tokens")
             info.block_size = spec + 1 if type(spec) is int and 0 <= spec < 1024 else 0
+            probe = ext.get("probe") if isinstance(ext.get("probe"), dict) else {}
+            info.target_alone_tps = _rate(probe.get("target_alone_tps"))
+            info.dflash_probe_tps = _rate(probe.get("dflash_tps")) if info.target_alone_tps else None
         else:
             info.has_metrics = self._counters() is not None
         self.info = info

@@ -112,7 +112,10 @@ def build_app(cfg: ServerConfig) -> Starlette:
             return r
         return JSONResponse({"object": "list", "data": [{
             "id": cfg.model_id, "object": "model", "created": 0, "owned_by": "dflash-tui",
-            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens},
+            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens,
+                       # decode tok/s on the probe's prompt after load (null: not measured): a remote TUI's baseline
+                       "probe": {"target_alone_tps": cfg.engine.target_alone_tps,
+                                 "dflash_tps": cfg.engine.dflash_probe_tps}},
         }]})
 
     async def metrics(request: Request) -> Response:

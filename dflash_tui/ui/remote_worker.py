@@ -109,6 +109,11 @@ class RemoteWorker(EngineWorker):
             no_draft = "the server runs its target alone"
         self._post(msg.EngineReady(info.model, draft, info.where, info.block_size or 1, decode,
                                    time.perf_counter() - tic, no_draft=no_draft, server=info))
+        # the speedup's baseline is the server's own probe (dflash-tui serve), measured as a local one is;
+        # any other server reports none, and the meter says so rather than guess
+        self._post(msg.BaselineMeasured(info.target_alone_tps, "probe"))
+        if info.dflash_probe_tps is not None:
+            self._post(msg.ProbeMeasured(info.dflash_probe_tps))
 
     def _generate(self, req: Generate) -> None:
         client = self.client
