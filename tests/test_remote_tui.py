@@ -222,3 +222,78 @@ async def test_esc_stops_a_turn_at_once_while_the_server_is_silent(anyio_backend
             assert app.chat.query(AssistantMessage).last().raw_text == "Hello"
             assert server.hung_up.wait(5), "the server did not see the client go"
             assert app.engine.messages[-1] == {"role": "assistant", "content": "Hello"}
+
+
+def _saved_session(target: str, server, reply: str = "an old reply"):
+    from dflash_tui.sessions import SessionStore
+
+    store = SessionStore()
+    session = store.new(target, None, {}, server=server)
+    session.add_message("user", "an old question")
+    session.add_message("assistant", reply)
+    store.save(session)
+    return store.load(session.id)
+
+
+def _spy_loads(app) -> list:
+    calls: list = []
+    original = app.load_model
+
+    def load_model(*a, **kw):
+        calls.append(a)
+        return original(*a, **kw)
+
+    app.load_model = load_model
+    return calls
+
+
+def notes(app) -> list[str]:
+    return [str(n.render()) for n in app.chat.query("Note")]
+
+
+async def _open_and_continue(pilot, app, saved) -> None:
+    loads = _spy_loads(app)
+    await app.open_session(saved)
+    await pilot.pause(0.2)
+    assert loads == [], "the other engine's model name was loaded here"
+    assert app.model_state == "ready"
+    assert any(n.startswith("This session ran ") and "goes on with" in n for n in notes(app)), notes(app)
+    await turn(pilot, app, "a new question")
+    assert app.session.id != saved.id and app.session.messages[0].content == "an old question"
+    assert [m.content for m in app.session.messages][:2] == ["an old question", "an old reply"]
+    assert len(app.session.messages) == 4 and app.session.messages[-1].role == "assistant"
+    reloaded = type(saved)  # the saved session stays as it was
+    from dflash_tui.sessions import SessionStore
+
+    again = SessionStore().load(saved.id)
+    assert isinstance(again, reloaded) and [m.content for m in again.messages] == ["an old question", "an old reply"]
+
+
+async def test_a_remote_session_opened_here_continues_on_the_local_pair(qwen3_dirs):
+    from dflash_tui.sessions import SessionStore
+
+    saved = _saved_session("a-model-only-the-server-has", "http://127.0.0.1:9")
+    app = DFlashApp(model=str(qwen3_dirs["target"]), draft=str(qwen3_dirs["draft"]), probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        local = app.target_name
+        await _open_and_continue(pilot, app, saved)
+        assert app.target_name == local and app.engine.conversation.messages[0]["content"] == "an old question"
+        mine = SessionStore().load(app.session.id)
+        assert mine.server is None and mine.target == local
+
+
+async def test_a_local_session_opened_on_a_server_continues_there(dflash_server):
+    from dflash_tui.sessions import SessionStore
+
+    saved = _saved_session("/no/such/local/model", None)
+    app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        served = app.server.model
+        await _open_and_continue(pilot, app, saved)
+        assert app.server.model == served and app.engine.messages[0]["content"] == "an old question"
+        mine = SessionStore().load(app.session.id)
+        assert mine.server == dflash_server.base_url and mine.target == served
