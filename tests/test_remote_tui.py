@@ -297,3 +297,71 @@ async def test_a_local_session_opened_on_a_server_continues_there(dflash_server)
         assert app.server.model == served and app.engine.messages[0]["content"] == "an old question"
         mine = SessionStore().load(app.session.id)
         assert mine.server == dflash_server.base_url and mine.target == served
+
+
+def _two_model_server():
+    from remote_fakes import FakeServer, chunk, models, sse
+
+    fake = FakeServer()
+    fake.routes[("GET", "/v1/models")] = (200, "application/json", models("alpha", "beta"))
+    fake.routes[("POST", "/v1/chat/completions")] = (200, "text/event-stream",
+                                                     sse(chunk("Hi"), chunk(" there"), chunk(None, "stop")))
+    return fake.start()
+
+
+async def _pick(pilot, app, name: str) -> list[str]:
+    """F3, then the picker's entry for `name`; returns every entry's text."""
+    from textual.widgets import OptionList
+
+    from dflash_tui.ui.model_picker import ModelPicker
+
+    await pilot.press("f3")
+    await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.choices, 20, "the picker's list")
+    picker = app.screen
+    shown = [str(picker.query_one(OptionList).get_option_at_index(i).prompt) for i in range(len(picker.choices))]
+    picker.query_one(OptionList).highlighted = [c.target for c in picker.choices].index(name)
+    await pilot.pause()
+    picker.query_one(OptionList).action_select()
+    await wait_for(pilot, lambda: not isinstance(app.screen, ModelPicker), 5, "the picker to close")
+    return shown
+
+
+async def test_the_picker_lists_the_servers_models_and_switches_there(anyio_backend):
+    from dflash_tui.ui.remote_worker import RemoteWorker
+
+    fake = _two_model_server()
+    try:
+        app = DFlashApp(remote=RemoteTarget(fake.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            assert app.server.model == "alpha"
+            shown = await _pick(pilot, app, "beta")
+            assert len(shown) == 2 and shown[0].startswith("● alpha") and "beta  on the server" in shown[1]
+            await wait_for(pilot, lambda: app.model_state == "ready" and app.server.model == "beta", 10, "the switch")
+            assert isinstance(app.engine, RemoteWorker) and app.target_name == "beta"
+            await turn(pilot, app, "hello")
+            asked = [body for method, path, body in fake.seen if path == "/v1/chat/completions"]
+            assert asked[-1]["model"] == "beta"
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hi there"
+    finally:
+        fake.stop()
+
+
+async def test_config_remote_is_offered_beside_local_models_and_moves_the_engine_there(qwen3_dirs):
+    from dflash_tui.ui.remote_worker import RemoteWorker
+
+    fake = _two_model_server()
+    try:
+        app = DFlashApp(model=str(qwen3_dirs["target"]), draft=str(qwen3_dirs["draft"]), probe_tokens=0)
+        app.options.remote = fake.url
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            assert app.server is None
+            shown = await _pick(pilot, app, fake.url)
+            assert any(s.startswith(f"  {fake.url}  remote") for s in shown), shown
+            await wait_for(pilot, lambda: app.model_state == "ready" and app.server is not None, 20, "the server")
+            assert isinstance(app.engine, RemoteWorker) and app.server.model == "alpha" and app.remote.url == fake.url
+            await turn(pilot, app, "hello")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hi there"
+    finally:
+        fake.stop()

@@ -272,16 +272,20 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.chat.add_note("New conversation.")
 
     def action_pick_model(self) -> None:
-        if self.remote is not None:
-            self.notify(f"The model is the server's ({self.remote.url}); start with --model NAME to pick another",
-                        severity="warning")
-            return
+        from dflash_tui.ui.model_sources import is_url
+        from dflash_tui.ui.remote_worker import switch_to_remote
 
         def picked(choice: Optional[tuple[str, Optional[str]]]) -> None:
-            if choice:
-                self.load_model(choice[0], choice[1], remember=True)
+            if not choice:
+                return
+            if self.remote is None and is_url(choice[0]):  # a server: the engine moves there
+                self.call_later(switch_to_remote, self, choice[0])
+            else:  # with a remote engine, one of its server's models: nothing loads here
+                self.load_model(choice[0], choice[1], remember=self.remote is None)
 
-        self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name), picked)
+        configured = (self.options.remote or None) if self.remote is None else None
+        self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name, server=self.remote,
+                                     remote_url=configured), picked)
 
     def action_sessions(self) -> None:
         from dflash_tui.ui.sessions_screen import SessionsScreen

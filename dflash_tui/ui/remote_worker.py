@@ -142,3 +142,25 @@ class RemoteWorker(EngineWorker):
             self._pump(req.turn_id, events(), lambda: [dict(m) for m in self.messages])
         except Exception as exc:  # never expected: the client turns a server's failures into Error events
             self._post(msg.TurnFailed(req.turn_id, f"remote turn failed: {_first_line(exc)}"))
+
+
+async def switch_to_remote(app: Any, url: str) -> None:
+    """The app's engine moves to the server at `url` (from the model picker): the local pair is let go,
+    its memory freed, then the server is asked for its model. config.toml's key goes only to its server."""
+    from dflash_tui.remote.client import normalize_url
+
+    if app.generating:
+        app.notify("A reply is streaming; press Esc to stop it first", severity="warning")
+        return
+    try:
+        normalize_url(url)
+    except ValueError as exc:
+        app.notify(str(exc), title="not a server", severity="error")
+        return
+    key = app.options.api_key if url == app.options.remote else ""
+    target = RemoteTarget(url, key or None, None)
+    await app.engine.stopped()
+    app.remote = target
+    app.engine = RemoteWorker(app.post_message, target)
+    app.engine.start(app)
+    app.load_model(url, None)
