@@ -177,6 +177,7 @@ async def test_mlx_lm_server_chats_and_the_pane_says_no_speculative_decoding(mlx
         footer = app.chat.query(AssistantMessage).last()
         assert footer.raw_text == done.text and done.stats["generated_tokens"] > 0
         assert done.stats["ttft_s"] > 0 and "ttft" in meter_text(app)
+        assert done.stats["decode_tps"] > 0 and app.meter.state.turn_tps == done.stats["decode_tps"]
         # no measured baseline from this server: no speedup, and the meter says why
         assert app.meter.state.speedup is None and "— speedup (the server reports no target-alone speed)" in meter_text(app)
         (summary,), _ = SessionStore().list()
@@ -363,5 +364,29 @@ async def test_config_remote_is_offered_beside_local_models_and_moves_the_engine
             assert isinstance(app.engine, RemoteWorker) and app.server.model == "alpha" and app.remote.url == fake.url
             await turn(pilot, app, "hello")
             assert app.chat.query(AssistantMessage).last().raw_text == "Hi there"
+    finally:
+        fake.stop()
+
+
+async def test_a_vllm_stream_fills_count_rows_end_to_end(anyio_backend):
+    """vLLM cannot run here: its stream is the recorded example (test_remote_client.py, built from vLLM's
+    docs), played by a real loopback server; the rows come from its per-step counts, through the client."""
+    from remote_fakes import FakeServer, models
+    from test_remote_client import VLLM_SPEC, VLLM_STREAM
+
+    fake = FakeServer()
+    fake.routes[("GET", "/v1/models")] = (200, "application/json", models("m"))
+    fake.routes[("POST", "/v1/chat/completions")] = (200, "text/event-stream", VLLM_STREAM)
+    fake.start()
+    try:
+        app = DFlashApp(remote=RemoteTarget(fake.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            await turn(pilot, app, "hello")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hello there!"
+            steps = list(zip(VLLM_SPEC["per_step_accepted"], VLLM_SPEC["per_step_drafted"]))
+            assert list(app.acceptance.rows.rows) == [CountRow(i + 1, a, d) for i, (a, d) in enumerate(steps)]
+            assert app.acceptance.stats.accepted == VLLM_SPEC["num_accepted_draft_tokens"]
+            assert app.acceptance.stats.drafted == VLLM_SPEC["num_draft_tokens"]
     finally:
         fake.stop()
