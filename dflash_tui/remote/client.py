@@ -234,12 +234,14 @@ class RemoteClient:
         live = LiveStream(lambda: self.http.stream("POST", self.base + "/v1/chat/completions", json=body),
                           self.read_timeout, self.stall_timeout)
         self._live = live.start()
+        finished = False  # the stream ended as streams do: its reader may read it to the end
         try:
             lines = live.lines(should_cancel, idle_s)
             if self.info.kind == "dflash":
                 yield from self._dflash_events(live, lines, should_cancel)
             else:
                 yield from self._openai_events(live, lines, should_cancel, started, before)
+            finished = not should_cancel()
         except Refused as exc:
             yield Error(f"the server refused the request ({exc.status}): {_error_message(exc.body)}")
         except Silence as exc:
@@ -258,7 +260,8 @@ class RemoteClient:
                 yield Error(f"the connection to {self.url} broke: {_one_line(exc) or type(exc).__name__}")
         finally:
             self._live = None
-            live.abort()  # the turn is over however it ended: the reader thread lets go of the connection
+            if not finished:  # stopped, broken or given up: hang up, so that the server stops too
+                live.abort()
 
     @staticmethod
     def _chunk(data: str) -> dict[str, Any]:
