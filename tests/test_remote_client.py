@@ -171,3 +171,48 @@ def test_urls():
     assert public_url("https://user:secret@h.example:9/x?key=abc") == "https://h.example:9/x"
     with pytest.raises(ValueError):
         normalize_url("ftp://x")
+
+
+def test_silence_mid_reply_ends_the_turn_after_the_stall_limit_not_the_first_token_wait():
+    """A real server (Starlette on uvicorn) that sends one piece and goes silent: the turn ends with
+    one line after the mid-reply limit, although the wait for the first token is much longer."""
+    import time
+
+    from stall_server import StallServer
+
+    with StallServer() as server:
+        client = RemoteClient(RemoteTarget(server.url), read_timeout=60.0, stall_timeout=1.0)
+        try:
+            client.connect()
+            started = time.monotonic()
+            events = list(client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 16}))
+            took = time.monotonic() - started
+        finally:
+            client.close()
+        assert [e.text for e in events if isinstance(e, Block)] == ["Hello"]
+        last = events[-1]
+        assert isinstance(last, Error) and last.message == "the server sent nothing for 1 s mid-reply; the turn was given up"
+        assert took < 30, took  # the 60 s first-token wait did not apply once the reply streamed
+        assert server.hung_up.wait(10), "the client did not hang up on the silent server"
+
+
+def test_abort_from_another_thread_ends_a_silent_turn_at_once():
+    import threading
+
+    from stall_server import StallServer
+
+    with StallServer() as server:
+        client = RemoteClient(RemoteTarget(server.url))  # the default waits: 120 s, 30 s mid-reply
+        stop = threading.Event()
+        try:
+            client.connect()
+            events = []
+            for ev in client.chat([{"role": "user", "content": "hi"}], {"max_tokens": 16}, stop.is_set):
+                events.append(ev)
+                if isinstance(ev, Block):  # the reply streams, then the server goes silent: stop from elsewhere
+                    threading.Timer(0.3, lambda: (stop.set(), client.abort())).start()
+        finally:
+            client.close()
+        last = events[-1]
+        assert isinstance(last, Done) and last.finish_reason == "cancelled" and last.text == "Hello"
+        assert server.hung_up.wait(10), "the server did not see the client go"

@@ -17,6 +17,7 @@ from dflash_tui.server.launch import ServerProcess
 from dflash_tui.ui.acceptance import REMOTE_NONE, CountRow, text_only
 from dflash_tui.ui.app import DFlashApp
 from dflash_tui.ui.chat_view import AssistantMessage
+from dflash_tui.ui.meter import fmt_rate
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)
@@ -96,7 +97,8 @@ def record_events(app) -> list:
 
     def recording(*a, **kw):
         for ev in chat(*a, **kw):
-            seen.append(ev)
+            if ev is not None:  # None: the stream was quiet for a while
+                seen.append(ev)
             yield ev
 
     client.chat = recording
@@ -116,6 +118,10 @@ async def test_dflash_serve_live_rows_equal_the_servers_blocks_and_the_session_r
     async with app.run_test(size=SIZE) as pilot:
         await connect(pilot, app)
         assert app.server.kind == "dflash" and app.draft_name
+        # the speedup's baseline is the server's own probe, as a local pair's is the local probe
+        probe = app.server.target_alone_tps
+        assert probe and app.server.dflash_probe_tps
+        await wait_for(pilot, lambda: app.meter.state.baseline_tps == probe, 5, "the server's baseline")
         seen = record_events(app)
         await turn(pilot, app, "Write a function that reverses a list")
         blocks = [e for e in seen if e.type == "block"]
@@ -126,6 +132,10 @@ async def test_dflash_serve_live_rows_equal_the_servers_blocks_and_the_session_r
         assert f"dflash-tui serve at {host}" in meter_text(app) and f"engine on {dflash_server.base_url}" in meter_text(app)
         reply = app.chat.query(AssistantMessage).last()
         assert reply.raw_text == seen[-1].text
+        done = seen[-1]
+        assert done.finish_reason == "length" and done.stats["generated_tokens"] == 24
+        assert app.meter.state.speedup_figure == (pytest.approx(done.stats["decode_tps"] / probe), "turn")
+        assert f"vs {fmt_rate(probe)} tok/s target alone" in meter_text(app)
         # cells show the server's token texts, not ids
         drafted = next(b for b in blocks if b.drafted)
         assert app.decoder(drafted.drafted[0]) == app.engine.client.token_text[drafted.drafted[0]]
@@ -167,6 +177,9 @@ async def test_mlx_lm_server_chats_and_the_pane_says_no_speculative_decoding(mlx
         footer = app.chat.query(AssistantMessage).last()
         assert footer.raw_text == done.text and done.stats["generated_tokens"] > 0
         assert done.stats["ttft_s"] > 0 and "ttft" in meter_text(app)
+        assert done.stats["decode_tps"] > 0 and app.meter.state.turn_tps == done.stats["decode_tps"]
+        # no measured baseline from this server: no speedup, and the meter says why
+        assert app.meter.state.speedup is None and "— speedup (the server reports no target-alone speed)" in meter_text(app)
         (summary,), _ = SessionStore().list()
         assert SessionStore().load(summary.id).server == mlx_lm_server
 
@@ -187,3 +200,193 @@ async def test_count_rows_from_a_servers_per_step_figures(anyio_backend):
         assert " 0/3 " in none_kept and none_kept.count("✗") == 1 and none_kept.count("·") == 2
         assert not any(ch.isalnum() for ch in all_kept.split("3/3", 1)[1])  # no token text is invented
         assert "per-step counts" in str(app.acceptance.note.render())
+
+
+async def test_esc_stops_a_turn_at_once_while_the_server_is_silent(anyio_backend):
+    """A real server that streams a first piece and then says nothing: Esc ends the turn now (the client
+    would otherwise wait out its read limit), the piece that came is kept, and the server sees the hang-up."""
+    from stall_server import StallServer
+
+    with StallServer() as server:
+        app = DFlashApp(remote=RemoteTarget(server.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            app.prompt.value = "hello"
+            app.prompt.focus()
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.generating and "Hello" in (app.chat.query(AssistantMessage).last().raw_text
+                                                                          if app.chat.query(AssistantMessage) else ""),
+                           20, "the first piece")
+            await pilot.pause(0.5)  # the server is silent now
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.generating, 5, "the turn to stop")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hello"
+            assert server.hung_up.wait(5), "the server did not see the client go"
+            assert app.engine.messages[-1] == {"role": "assistant", "content": "Hello"}
+
+
+def _saved_session(target: str, server, reply: str = "an old reply"):
+    from dflash_tui.sessions import SessionStore
+
+    store = SessionStore()
+    session = store.new(target, None, {}, server=server)
+    session.add_message("user", "an old question")
+    session.add_message("assistant", reply)
+    store.save(session)
+    return store.load(session.id)
+
+
+def _spy_loads(app) -> list:
+    calls: list = []
+    original = app.load_model
+
+    def load_model(*a, **kw):
+        calls.append(a)
+        return original(*a, **kw)
+
+    app.load_model = load_model
+    return calls
+
+
+def notes(app) -> list[str]:
+    return [str(n.render()) for n in app.chat.query("Note")]
+
+
+async def _open_and_continue(pilot, app, saved) -> None:
+    loads = _spy_loads(app)
+    await app.open_session(saved)
+    await pilot.pause(0.2)
+    assert loads == [], "the other engine's model name was loaded here"
+    assert app.model_state == "ready"
+    assert any(n.startswith("This session ran ") and "goes on with" in n for n in notes(app)), notes(app)
+    await turn(pilot, app, "a new question")
+    assert app.session.id != saved.id and app.session.messages[0].content == "an old question"
+    assert [m.content for m in app.session.messages][:2] == ["an old question", "an old reply"]
+    assert len(app.session.messages) == 4 and app.session.messages[-1].role == "assistant"
+    reloaded = type(saved)  # the saved session stays as it was
+    from dflash_tui.sessions import SessionStore
+
+    again = SessionStore().load(saved.id)
+    assert isinstance(again, reloaded) and [m.content for m in again.messages] == ["an old question", "an old reply"]
+
+
+async def test_a_remote_session_opened_here_continues_on_the_local_pair(qwen3_dirs):
+    from dflash_tui.sessions import SessionStore
+
+    saved = _saved_session("a-model-only-the-server-has", "http://127.0.0.1:9")
+    app = DFlashApp(model=str(qwen3_dirs["target"]), draft=str(qwen3_dirs["draft"]), probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        local = app.target_name
+        await _open_and_continue(pilot, app, saved)
+        assert app.target_name == local and app.engine.conversation.messages[0]["content"] == "an old question"
+        mine = SessionStore().load(app.session.id)
+        assert mine.server is None and mine.target == local
+
+
+async def test_a_local_session_opened_on_a_server_continues_there(dflash_server):
+    from dflash_tui.sessions import SessionStore
+
+    saved = _saved_session("/no/such/local/model", None)
+    app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        served = app.server.model
+        await _open_and_continue(pilot, app, saved)
+        assert app.server.model == served and app.engine.messages[0]["content"] == "an old question"
+        mine = SessionStore().load(app.session.id)
+        assert mine.server == dflash_server.base_url and mine.target == served
+
+
+def _two_model_server():
+    from remote_fakes import FakeServer, chunk, models, sse
+
+    fake = FakeServer()
+    fake.routes[("GET", "/v1/models")] = (200, "application/json", models("alpha", "beta"))
+    fake.routes[("POST", "/v1/chat/completions")] = (200, "text/event-stream",
+                                                     sse(chunk("Hi"), chunk(" there"), chunk(None, "stop")))
+    return fake.start()
+
+
+async def _pick(pilot, app, name: str) -> list[str]:
+    """F3, then the picker's entry for `name`; returns every entry's text."""
+    from textual.widgets import OptionList
+
+    from dflash_tui.ui.model_picker import ModelPicker
+
+    await pilot.press("f3")
+    await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.choices, 20, "the picker's list")
+    picker = app.screen
+    shown = [str(picker.query_one(OptionList).get_option_at_index(i).prompt) for i in range(len(picker.choices))]
+    picker.query_one(OptionList).highlighted = [c.target for c in picker.choices].index(name)
+    await pilot.pause()
+    picker.query_one(OptionList).action_select()
+    await wait_for(pilot, lambda: not isinstance(app.screen, ModelPicker), 5, "the picker to close")
+    return shown
+
+
+async def test_the_picker_lists_the_servers_models_and_switches_there(anyio_backend):
+    from dflash_tui.ui.remote_worker import RemoteWorker
+
+    fake = _two_model_server()
+    try:
+        app = DFlashApp(remote=RemoteTarget(fake.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            assert app.server.model == "alpha"
+            shown = await _pick(pilot, app, "beta")
+            assert len(shown) == 2 and shown[0].startswith("● alpha") and "beta  on the server" in shown[1]
+            await wait_for(pilot, lambda: app.model_state == "ready" and app.server.model == "beta", 10, "the switch")
+            assert isinstance(app.engine, RemoteWorker) and app.target_name == "beta"
+            await turn(pilot, app, "hello")
+            asked = [body for method, path, body in fake.seen if path == "/v1/chat/completions"]
+            assert asked[-1]["model"] == "beta"
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hi there"
+    finally:
+        fake.stop()
+
+
+async def test_config_remote_is_offered_beside_local_models_and_moves_the_engine_there(qwen3_dirs):
+    from dflash_tui.ui.remote_worker import RemoteWorker
+
+    fake = _two_model_server()
+    try:
+        app = DFlashApp(model=str(qwen3_dirs["target"]), draft=str(qwen3_dirs["draft"]), probe_tokens=0)
+        app.options.remote = fake.url
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            assert app.server is None
+            shown = await _pick(pilot, app, fake.url)
+            assert any(s.startswith(f"  {fake.url}  remote") for s in shown), shown
+            await wait_for(pilot, lambda: app.model_state == "ready" and app.server is not None, 20, "the server")
+            assert isinstance(app.engine, RemoteWorker) and app.server.model == "alpha" and app.remote.url == fake.url
+            await turn(pilot, app, "hello")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hi there"
+    finally:
+        fake.stop()
+
+
+async def test_a_vllm_stream_fills_count_rows_end_to_end(anyio_backend):
+    """vLLM cannot run here: its stream is the recorded example (test_remote_client.py, built from vLLM's
+    docs), played by a real loopback server; the rows come from its per-step counts, through the client."""
+    from remote_fakes import FakeServer, models
+    from test_remote_client import VLLM_SPEC, VLLM_STREAM
+
+    fake = FakeServer()
+    fake.routes[("GET", "/v1/models")] = (200, "application/json", models("m"))
+    fake.routes[("POST", "/v1/chat/completions")] = (200, "text/event-stream", VLLM_STREAM)
+    fake.start()
+    try:
+        app = DFlashApp(remote=RemoteTarget(fake.url), probe_tokens=0)
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            await turn(pilot, app, "hello")
+            assert app.chat.query(AssistantMessage).last().raw_text == "Hello there!"
+            steps = list(zip(VLLM_SPEC["per_step_accepted"], VLLM_SPEC["per_step_drafted"]))
+            assert list(app.acceptance.rows.rows) == [CountRow(i + 1, a, d) for i, (a, d) in enumerate(steps)]
+            assert app.acceptance.stats.accepted == VLLM_SPEC["num_accepted_draft_tokens"]
+            assert app.acceptance.stats.drafted == VLLM_SPEC["num_draft_tokens"]
+    finally:
+        fake.stop()

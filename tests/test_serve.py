@@ -88,7 +88,10 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
 def test_health_models_and_api_key(server, client):
     status, _, body = raw(server, "GET", "/health", headers={"Authorization": ""})
     assert status == 200 and json.loads(body)["status"] == "ok"
-    assert [m.id for m in client.models.list().data] == ["target"]  # the directory's name, never its path
+    listed = client.models.list().data
+    assert [m.id for m in listed] == ["target"]  # the directory's name, never its path
+    probe = listed[0].model_extra["dflash"]["probe"]  # measured after load, as the TUI's local probe
+    assert probe["target_alone_tps"] > 0 and probe["dflash_tps"] > 0
     bad = openai.OpenAI(base_url=server.base_url + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
@@ -160,6 +163,47 @@ def test_stop_strings(qwen3_dirs, client):
     streamed = list(client.chat.completions.create(messages=messages, model="target", max_tokens=40, stop=stop, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected
     assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def _block_stream(client, **kw):
+    chunks = list(client.chat.completions.create(
+        model="target", messages=[{"role": "user", "content": PROMPT}], max_tokens=40, stream=True,
+        stream_options={"include_usage": True}, extra_body={"dflash": {"blocks": True, "detailed": True}}, **kw))
+    ext = [c.model_extra["dflash"] for c in chunks if (c.model_extra or {}).get("dflash")]
+    return chunks, [event_from_dict(d["event"]) for d in ext], ext
+
+
+def test_a_stop_string_cut_ends_the_block_stream_with_a_trimmed_block_and_done(server, client):
+    _, full_events, full_ext = _block_stream(client)
+    full = full_events[-1]
+    token_text = {}
+    for d in full_ext:
+        token_text.update(zip(d["event"].get("emitted", []), d.get("emitted_text") or []))
+    stop = full.text[12:15]
+    expected = full.text[: full.text.find(stop)]
+    assert wait_for(lambda: idle(server))
+
+    chunks, events, _ = _block_stream(client, stop=[stop])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    done = events[-1]
+    assert isinstance(done, Done), events[-3:]  # the block stream ends as an uncut one does
+    assert done.finish_reason == "stop" and done.text == expected
+    blocks = [e for e in events if isinstance(e, Block)]
+    assert "".join(b.text for b in blocks) == expected  # the cut block's text ends at the cut
+    sent = [t for b in blocks for t in b.emitted[: b.reply_tokens]]
+    assert done.tokens == sent and sent == full.tokens[: len(sent)]
+    # the kept tokens are exactly those that give the kept text a character
+    covered = "".join(token_text[t] for t in sent)
+    assert len(covered) >= len(expected) and len("".join(token_text[t] for t in sent[:-1])) < len(expected)
+    assert len(sent) < len(full.tokens)
+    last = blocks[-1]
+    assert last.accepted <= len(last.emitted) and not last.eos
+    assert done.stats["generated_tokens"] == len(sent) and done.stats["cycles"] == sum(1 for b in blocks if b.drafted)
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finish) == 1 and finish[0].choices[0].finish_reason == "stop"
+    spec = finish[0].model_extra["metrics"]["speculative_decoding"]
+    assert spec["per_step_accepted"] == [b.accepted for b in blocks if b.drafted]
+    assert chunks[-1].usage.completion_tokens == len(sent)
 
 
 def test_cache_reuse_and_metrics(server, client):

@@ -24,11 +24,13 @@ except ImportError:  # pragma: no cover - an older environment
 
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill, event_from_dict
 from dflash_tui.remote import figures as fig
-from dflash_tui.remote.sse import StreamGarbage, data_lines
+from dflash_tui.remote.live_stream import LiveStream, Refused, Silence
+from dflash_tui.remote.sse import StreamGarbage
 from dflash_tui.session_schema import check_event
 
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 120.0  # the longest silence mid-stream (a busy server's queue, a long prefill)
+READ_TIMEOUT_S = 120.0  # the longest silence before the reply starts (a busy server's queue, a long prefill)
+STALL_TIMEOUT_S = 30.0  # the longest silence once it streams: no cycle or token takes this long
 MAX_TOKEN_TEXTS = 1 << 18
 MAX_ERROR_CHARS = 300
 
@@ -53,6 +55,9 @@ class ServerInfo:
     block_size: int = 0
     models: list[str] = field(default_factory=list)
     has_metrics: bool = False  # /metrics answers with speculative counters
+    # dflash-tui serve's probe after load (decode tok/s on one prompt): the target alone, then DFlash
+    target_alone_tps: Optional[float] = None
+    dflash_probe_tps: Optional[float] = None
 
     @property
     def where(self) -> str:
@@ -85,6 +90,11 @@ def public_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def _rate(value: Any) -> Optional[float]:
+    """A tokens-per-second figure a server sent, if it is one."""
+    return float(value) if type(value) in (int, float) and 0 < value < 1e7 else None
+
+
 def _one_line(text: Any) -> str:
     line = (str(text).strip().splitlines() or [""])[0]
     return line[:MAX_ERROR_CHARS]
@@ -109,7 +119,7 @@ class RemoteClient:
     """One server; used from one thread (the UI's engine thread)."""
 
     def __init__(self, target: RemoteTarget, read_timeout: float = READ_TIMEOUT_S,
-                 connect_timeout: float = CONNECT_TIMEOUT_S) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT_S, stall_timeout: float = STALL_TIMEOUT_S) -> None:
         self.target = target
         self.base = normalize_url(target.url)
         self.url = public_url(self.base)
@@ -117,11 +127,21 @@ class RemoteClient:
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
                                  follow_redirects=False, trust_env=False)
         self.read_timeout = read_timeout
+        self.stall_timeout = min(stall_timeout, read_timeout)
+        self._live: Optional[LiveStream] = None  # the turn streaming now, for abort()
         self.info: Optional[ServerInfo] = None
         self.token_text: dict[int, str] = {}  # from the block stream: what each token id reads as
 
     def close(self) -> None:
+        self.abort()
         self.http.close()
+
+    def abort(self) -> None:
+        """From any thread (the UI's Esc): the turn streaming now ends at once, as cancelled, and the
+        connection is dropped so that the server stops generating."""
+        live = self._live
+        if live is not None:
+            live.abort()
 
     # -- plain requests --------------------------------------------------------------
     def _get(self, path: str) -> httpx.Response:
@@ -168,6 +188,9 @@ class RemoteClient:
             info.draft = ext.get("draft") is True
             spec = ext.get("num_spec_tokens")
             info.block_size = spec + 1 if type(spec) is int and 0 <= spec < 1024 else 0
+            probe = ext.get("probe") if isinstance(ext.get("probe"), dict) else {}
+            info.target_alone_tps = _rate(probe.get("target_alone_tps"))
+            info.dflash_probe_tps = _rate(probe.get("dflash_tps")) if info.target_alone_tps else None
         else:
             info.has_metrics = self._counters() is not None
         self.info = info
@@ -199,25 +222,31 @@ class RemoteClient:
         return body
 
     def chat(self, messages: list[dict[str, str]], settings: dict[str, Any],
-             should_cancel: Callable[[], bool] = lambda: False) -> Iterator[Event]:
-        """Stream one reply as events; it always ends with a Done or an Error (never raises for the server)."""
+             should_cancel: Callable[[], bool] = lambda: False, idle_s: Optional[float] = None) -> Iterator[Optional[Event]]:
+        """Stream one reply as events; it always ends with a Done or an Error (never raises for the server).
+        With `idle_s`, a None comes after each `idle_s` of silence."""
         if self.info is None:
             yield Error("not connected to a server")
             return
         before = self._counters() if self.info.has_metrics else None
         started = time.perf_counter()
+        body = self.request_body(messages, settings)
+        live = LiveStream(lambda: self.http.stream("POST", self.base + "/v1/chat/completions", json=body),
+                          self.read_timeout, self.stall_timeout)
+        self._live = live.start()
+        finished = False  # the stream ended as streams do: its reader may read it to the end
         try:
-            with self.http.stream("POST", self.base + "/v1/chat/completions",
-                                  json=self.request_body(messages, settings)) as r:
-                if r.status_code != 200:
-                    body = r.read()[:65536]
-                    yield Error(f"the server refused the request ({r.status_code}): {_error_message(body)}")
-                    return
-                lines = data_lines(r.iter_bytes())
-                if self.info.kind == "dflash":
-                    yield from self._dflash_events(lines, should_cancel)
-                else:
-                    yield from self._openai_events(lines, should_cancel, started, before)
+            lines = live.lines(should_cancel, idle_s)
+            if self.info.kind == "dflash":
+                yield from self._dflash_events(live, lines, should_cancel)
+            else:
+                yield from self._openai_events(live, lines, should_cancel, started, before)
+            finished = not should_cancel()
+        except Refused as exc:
+            yield Error(f"the server refused the request ({exc.status}): {_error_message(exc.body)}")
+        except Silence as exc:
+            yield Error(f"the server sent nothing for {exc.seconds:.0f} s"
+                        + (" mid-reply" if exc.replying else "") + "; the turn was given up")
         except httpx.TimeoutException:
             yield Error(f"the server sent nothing for {self.read_timeout:.0f} s; the turn was given up")
         except httpx.ConnectError:
@@ -225,7 +254,14 @@ class RemoteClient:
         except StreamGarbage as exc:
             yield Error(f"the server's stream is broken ({exc})")
         except httpx.HTTPError as exc:
-            yield Error(f"the connection to {self.url} broke: {_one_line(exc) or type(exc).__name__}")
+            if should_cancel():  # the stop itself cut the connection
+                yield Error("the turn was stopped")
+            else:
+                yield Error(f"the connection to {self.url} broke: {_one_line(exc) or type(exc).__name__}")
+        finally:
+            self._live = None
+            if not finished:  # stopped, broken or given up: hang up, so that the server stops too
+                live.abort()
 
     @staticmethod
     def _chunk(data: str) -> dict[str, Any]:
@@ -237,10 +273,13 @@ class RemoteClient:
             raise StreamGarbage("a chunk that is not a JSON object")
         return chunk
 
-    def _dflash_events(self, lines: Iterator[str], should_cancel: Callable[[], bool]) -> Iterator[Event]:
-        done: Optional[Done] = None
+    def _dflash_events(self, live: LiveStream, lines: Iterator[Optional[str]],
+                       should_cancel: Callable[[], bool]) -> Iterator[Optional[Event]]:
         text, tokens = [], 0
         for data in lines:
+            if data is None:
+                yield None
+                continue
             if data.strip() == "[DONE]":
                 break
             chunk = self._chunk(data)
@@ -256,6 +295,7 @@ class RemoteClient:
                 ev = event_from_dict(raw)
             except ValueError as exc:
                 raise StreamGarbage(f"a block event that does not check: {exc}") from None
+            live.replying = True
             if isinstance(ev, Block):
                 text.append(ev.text)
                 tokens += ev.reply_tokens
@@ -263,15 +303,14 @@ class RemoteClient:
                 self._remember(ev.emitted, ext.get("emitted_text"))
             if isinstance(ev, Done):
                 ev.stats["server"] = self.url
-                done = ev
                 yield ev
                 return
             yield ev
             if should_cancel():
-                yield Done([], "".join(text), "cancelled",
-                           {"server": self.url, "mode": "dflash", "generated_tokens": tokens})
-                return
-        if done is None:
+                break
+        if should_cancel():  # stopped (Esc): what came is the reply
+            yield Done([], "".join(text), "cancelled", {"server": self.url, "mode": "dflash", "generated_tokens": tokens})
+        else:
             yield Error("the server closed the stream before the reply was finished")
 
     def _remember(self, ids: list[int], texts: Any) -> None:
@@ -281,8 +320,8 @@ class RemoteClient:
             if isinstance(t, str) and len(t) <= 256:
                 self.token_text[i] = t
 
-    def _openai_events(self, lines: Iterator[str], should_cancel: Callable[[], bool], started: float,
-                       before: Optional[dict[str, float]]) -> Iterator[Event]:
+    def _openai_events(self, live: LiveStream, lines: Iterator[Optional[str]], should_cancel: Callable[[], bool],
+                       started: float, before: Optional[dict[str, float]]) -> Iterator[Optional[Event]]:
         text_parts: list[str] = []
         pieces = 0
         first_at = last_at = None
@@ -291,6 +330,9 @@ class RemoteClient:
         found: Optional[fig.SpecFigures] = None
         ended = False
         for data in lines:
+            if data is None:
+                yield None
+                continue
             if data.strip() == "[DONE]":
                 ended = True
                 break
@@ -308,6 +350,7 @@ class RemoteClient:
             content = delta.get("content")
             if isinstance(content, str) and content:
                 now = time.perf_counter()
+                live.replying = True
                 if first_at is None:
                     first_at = now
                     yield Prefill(0, 0, now - started)
@@ -318,8 +361,9 @@ class RemoteClient:
             if isinstance(choice.get("finish_reason"), str):
                 finish = choice["finish_reason"]
             if should_cancel():
-                finish = "cancelled"
                 break
+        if should_cancel():  # stopped (Esc), also while the server was silent
+            finish = "cancelled"
         if finish is None:
             got = sum(len(p) for p in text_parts)
             yield Error("the server closed the stream " + (f"mid-reply ({got} characters came)" if got or not ended

@@ -112,7 +112,10 @@ def build_app(cfg: ServerConfig) -> Starlette:
             return r
         return JSONResponse({"object": "list", "data": [{
             "id": cfg.model_id, "object": "model", "created": 0, "owned_by": "dflash-tui",
-            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens},
+            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens,
+                       # decode tok/s on the probe's prompt after load (null: not measured): a remote TUI's baseline
+                       "probe": {"target_alone_tps": cfg.engine.target_alone_tps,
+                                 "dflash_tps": cfg.engine.dflash_probe_tps}},
         }]})
 
     async def metrics(request: Request) -> Response:
@@ -142,7 +145,7 @@ def build_app(cfg: ServerConfig) -> Starlette:
                          kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
         except EngineGone:
             return error(503, "the server is shutting down", kind="server_error")
-        reply = Reply(job.arrived, len(prompt), cfg.engine.num_spec_tokens, req.stop)
+        reply = Reply(job.arrived, len(prompt), cfg.engine.num_spec_tokens, req.stop, token_texts)
         cid, created = fmt.completion_id(), fmt.now()
         if req.stream:
             return JobStream(job, stream(job, req, reply, cid, created), media_type="text/event-stream",
@@ -178,13 +181,20 @@ def build_app(cfg: ServerConfig) -> Starlette:
                     break
                 if reply.cut:
                     job.cancel("stop")  # at once: the engine stops within the cycle under way
-                if isinstance(ev, Done) or reply.cut:
-                    if text or req.blocks:  # the end's text goes before the finishing chunk
-                        yield sse(fmt.chunk(cid, model, created, {"content": text}, dflash=block_extension(ev, req)))
-                    break
-                if text or (req.blocks and isinstance(ev, (Prefill, Block))):
+                parts: list[Any] = []  # the events the block extension sends now, in order
+                if req.blocks:
+                    parts = [ev] if isinstance(ev, Prefill) else list(reply.released)
+                    if reply.cut:  # the block stream ends with its Done, as an uncut one does
+                        parts.append(reply.cut_done(await engine_done(job)))
+                    elif isinstance(ev, Done):
+                        parts.append(ev)
+                if text or parts:  # the text goes with the first of them, before any finishing chunk
                     yield sse(fmt.chunk(cid, model, created, {"content": text} if text else {},
-                                        dflash=block_extension(ev, req)))
+                                        dflash=block_extension(parts[0], req) if parts else None))
+                    for part in parts[1:]:
+                        yield sse(fmt.chunk(cid, model, created, {}, dflash=block_extension(part, req)))
+                if isinstance(ev, Done) or reply.cut:
+                    break
             if reply.error is not None:
                 yield sse(fmt.error_body(public_error(reply.error), "server_error"))
             elif reply.finish_reason in ("stop", "length"):
@@ -277,6 +287,14 @@ async def events(job: Job) -> AsyncIterator[Any]:
         if ev is END:
             return
         yield ev
+
+
+async def engine_done(job: Job) -> dict[str, Any]:
+    """After a cut: the stats of the engine's own Done (it comes within the cycle under way), or none."""
+    async for ev in events(job):
+        if isinstance(ev, Done):
+            return dict(ev.stats)
+    return {}
 
 
 async def cancel_on_disconnect(request: Request, job: Job) -> None:

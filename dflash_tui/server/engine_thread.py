@@ -21,6 +21,7 @@ from dflash_tui.server.metrics import RequestRecord, ServerMetrics
 from dflash_tui.server.spec_tally import SpecTally
 
 END = None  # the last item a job's queue receives
+PROBE_TOKENS = 32  # as the TUI's baseline probe (config.toml's baseline_probe_tokens)
 
 
 class QueueFull(Exception):
@@ -60,7 +61,8 @@ class Job:
 
 class EngineThread:
     def __init__(self, model: str, draft: Optional[str], *, trust_remote_code: bool = False,
-                 block_size: Union[int, str, None] = None, max_queue: int = 64) -> None:
+                 block_size: Union[int, str, None] = None, max_queue: int = 64,
+                 probe_tokens: int = PROBE_TOKENS) -> None:
         self.model, self.draft = model, draft
         self.trust_remote_code = trust_remote_code
         self.block_size = block_size
@@ -68,6 +70,11 @@ class EngineThread:
         self.conversation: Any = None
         self.load_error: Optional[str] = None
         self.num_spec_tokens = 0
+        self.probe_tokens = probe_tokens
+        # decode tok/s on the probe's prompt, measured after load as the TUI measures a local pair: the
+        # target alone, then DFlash (None: not measured), so a remote TUI shows a measured speedup
+        self.target_alone_tps: Optional[float] = None
+        self.dflash_probe_tps: Optional[float] = None
         self.metrics: Optional[ServerMetrics] = None
         self._jobs: "collections.deque[Job]" = collections.deque()
         self._cond = threading.Condition()
@@ -169,6 +176,34 @@ class EngineThread:
             self.num_spec_tokens = pair.draft.config.block_size - 1
             if isinstance(self.block_size, int):
                 self.num_spec_tokens = max(0, min(self.block_size, pair.draft.config.block_size) - 1)
+        if self.probe_tokens > 0:
+            try:
+                self._probe()
+            except Exception:  # the pair serves; only the remote TUI's speedup stays unknown
+                self.target_alone_tps = self.dflash_probe_tps = None
+
+    def _probe(self) -> None:
+        """The same measure as the TUI's probe (ui/worker.py): a warm-up, the target alone, then DFlash,
+        greedy on one prompt; a figure from a reply that ended too soon to time stays None."""
+        from dflash_tui.engine.conversation import GenerationSettings
+        from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
+
+        conv = self.conversation
+        prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])
+
+        def timed(settings: Any, min_tokens: int) -> Optional[float]:
+            done = None
+            for ev in conv.generate_tokens(prompt, settings, self._stop.is_set):
+                done = ev
+            if not isinstance(done, Done) or done.finish_reason == "cancelled" or len(done.tokens) < min_tokens:
+                return None
+            return float(done.stats.get("decode_tps") or 0.0) or None
+
+        timed(GenerationSettings(max_tokens=4, baseline=True), 1)  # warm-up: kernels compile on first use
+        self.target_alone_tps = timed(GenerationSettings(max_tokens=self.probe_tokens, baseline=True), 4)
+        if self.num_spec_tokens > 0 and self.target_alone_tps is not None and self.probe_tokens >= MIN_TIMED_TOKENS:
+            self.dflash_probe_tps = timed(GenerationSettings(max_tokens=self.probe_tokens,
+                                                             block_size=self.block_size), MIN_TIMED_TOKENS)
 
     def _release(self) -> None:
         """Drop the models and this thread's MLX streams while Python still runs."""

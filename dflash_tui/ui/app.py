@@ -275,16 +275,20 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.chat.add_note("New conversation.")
 
     def action_pick_model(self) -> None:
-        if self.remote is not None:
-            self.notify(f"The model is the server's ({self.remote.url}); start with --model NAME to pick another",
-                        severity="warning")
-            return
+        from dflash_tui.ui.model_sources import is_url
+        from dflash_tui.ui.remote_worker import switch_to_remote
 
         def picked(choice: Optional[tuple[str, Optional[str]]]) -> None:
-            if choice:
-                self.load_model(choice[0], choice[1], remember=True)
+            if not choice:
+                return
+            if self.remote is None and is_url(choice[0]):  # a server: the engine moves there
+                self.call_later(switch_to_remote, self, choice[0])
+            else:  # with a remote engine, one of its server's models: nothing loads here
+                self.load_model(choice[0], choice[1], remember=self.remote is None)
 
-        self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name), picked)
+        configured = (self.options.remote or None) if self.remote is None else None
+        self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name, server=self.remote,
+                                     remote_url=configured), picked)
 
     def action_sessions(self) -> None:
         from dflash_tui.ui.sessions_screen import SessionsScreen
@@ -307,15 +311,28 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         if self.generating:
             self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
             return
+        from dflash_tui.ui.session_engine import continued_here, elsewhere_note, ran_elsewhere
+
+        saved, here = session, (self.server.url if self.server is not None else None)
+        elsewhere = ran_elsewhere(saved, here)  # its model name means nothing to the engine in use
+        if elsewhere:
+            session = continued_here(self._store(), saved, self.target_name or "", self.draft_name,
+                                     self.generation_settings(), self.device, here)
         messages = session.conversation()
         await self.chat.clear()
         self.meter.reset_turns()  # the figures of the conversation before go; a new pair resets the rest
         self.render_messages(session, session.messages)  # each with its id and versions (ui/branching.py)
-        self.show_trace(reply_for(session.messages, None))
+        # another engine's token ids mean nothing to this tokenizer: its cycles are for its replay
+        self.show_trace(None if elsewhere else reply_for(session.messages, None))
         self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
         self.chat.add_note(f"Opened session “{session.title}”.")
+        if elsewhere:
+            self.chat.add_note(elsewhere_note(saved, self.target_name, here))
         same_draft = self.remote is not None or (session.draft or None) == self.draft_name
-        if session.target != self.target_name or not same_draft or self.model_state != "ready":
+        if elsewhere:
+            self.session = session
+            session.decoder = self.decoder
+        elif session.target != self.target_name or not same_draft or self.model_state != "ready":
             self._session_after_load = session
             self.load_model(session.target, session.draft, keep_chat=True)
         else:

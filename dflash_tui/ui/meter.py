@@ -393,7 +393,8 @@ class SystemMeter(Widget):
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
         else:
             t.append("—", value)
-            why = " (no baseline measured yet)" if not s.baseline_tps else " (DFlash not measured yet)"
+            why = " (DFlash not measured yet)" if s.baseline_tps else \
+                " (the server reports no target-alone speed)" if s.where else " (no baseline measured yet)"
             t.append(" speedup" + ("" if compact else why), label)
         tpc = s.tokens_per_cycle
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room

@@ -1,9 +1,10 @@
-"""Pick a target/draft pair: models in the Hugging Face cache, the registry's known pairs, the demo."""
+"""Pick a target/draft pair: models in the Hugging Face cache, the registry's known pairs, the demo, a
+remote engine from config.toml; with a remote engine in use, one of the models its server lists."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from rich.text import Text
 from textual import on, work
@@ -15,9 +16,10 @@ from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from dflash_tui.ui.model_sources import (NO_ANSWER, OFFLINE, ModelChoice, cache_sizes, hub_offline, model_choices,
-                                         with_download_size)
+                                         remote_choice, server_models, with_download_size)
 
-TITLES = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair"}
+TITLES = {"loaded": "loaded now", "demo": "demo", "cached": "in your cache", "known": "known pair",
+          "remote": "remote", "server": "on the server"}
 
 
 class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
@@ -26,25 +28,35 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, current: Optional[str] = None, cache_dir: Optional[Path] = None,
-                 current_draft: Optional[str] = None) -> None:
+                 current_draft: Optional[str] = None, server: Any = None, remote_url: Optional[str] = None) -> None:
+        """`server`: the RemoteTarget in use: its server's models are the choices (nothing loads here).
+        `remote_url`: config.toml's remote engine, offered beside the local models."""
         super().__init__()
         self.current = current
         self.current_draft = current_draft
         self.cache_dir = cache_dir  # None: the Hugging Face default
+        self.server = server
+        self.remote_url = remote_url
         self.choices: list[ModelChoice] = []
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
-            yield Label("Load a model", id="picker-title")
-            yield Label("Models in your Hugging Face cache, the known DFlash pairs, or any path / repo id.",
-                        id="picker-hint")
+            if self.server is not None:
+                yield Label("Pick the server's model", id="picker-title")
+                yield Label(f"The models {self.server.url} serves; the engine stays there.", id="picker-hint")
+            else:
+                yield Label("Load a model", id="picker-title")
+                yield Label("Models in your Hugging Face cache, the known DFlash pairs, or any path / repo id"
+                            " (or a server's http:// URL).", id="picker-hint")
             yield OptionList(id="picker-list")
             with Horizontal(classes="picker-row"):
-                yield Label("target", classes="picker-label")
-                yield Input(placeholder="path or owner/name", id="picker-target")
+                yield Label("target" if self.server is None else "model", classes="picker-label")
+                yield Input(placeholder="path or owner/name" if self.server is None else "a model the server serves",
+                            id="picker-target")
             with Horizontal(classes="picker-row"):
                 yield Label("draft", classes="picker-label")
-                yield Input(placeholder="empty: the registry's draft for this target", id="picker-draft")
+                yield Input(placeholder="empty: the registry's draft for this target" if self.server is None
+                            else "the server's own", id="picker-draft", disabled=self.server is not None)
             with Horizontal(id="picker-buttons"):
                 yield Button("Load", variant="primary", id="picker-load")
                 yield Button("Cancel", id="picker-cancel")
@@ -55,8 +67,21 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
 
     @work(thread=True, exclusive=True)
     def _scan(self) -> None:
+        if self.server is not None:  # one request to the server, off the UI thread
+            from dflash_tui.remote.client import RemoteError
+
+            try:
+                choices = server_models(self.server, self.current)
+            except (RemoteError, ValueError) as exc:
+                self.app.call_from_thread(self._show, [], str(exc))
+                return
+            self.app.call_from_thread(self._show, choices)
+            return
         # a filesystem walk, no MLX: fine off the engine thread
         choices = model_choices(self.current, self.current_draft, self.cache_dir)
+        if self.remote_url:
+            at = 1 if choices and choices[0].group == "loaded" else 0
+            choices.insert(at, remote_choice(self.remote_url))
         self.app.call_from_thread(self._show, choices)
         # then what the known pairs would download, as the hub answers (offline: said at once)
         cached, unknown = cache_sizes(self.cache_dir), (OFFLINE if hub_offline() else None)
@@ -81,13 +106,16 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
             self.choices[index] = choice
             self.query_one(OptionList).replace_option_prompt_at_index(index, self._prompt(choice))
 
-    def _show(self, choices: list[ModelChoice]) -> None:
+    def _show(self, choices: list[ModelChoice], problem: Optional[str] = None) -> None:
         self.choices = choices
         options = self.query_one(OptionList)
         options.loading = False
         for i, choice in enumerate(choices):
             options.add_option(Option(self._prompt(choice), id=str(i)))
-        if not any(c.group == "cached" for c in choices):
+        if self.server is not None:
+            if problem is not None:  # the server's own words, as plain text
+                self.query_one("#picker-hint", Label).update(Text(f"The server did not list its models: {problem}"))
+        elif not any(c.group == "cached" for c in choices):
             self.query_one("#picker-hint", Label).update(
                 "No models in your Hugging Face cache. Pick a known pair (it downloads) or type a path / repo id.")
         options.focus()

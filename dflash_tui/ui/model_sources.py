@@ -1,4 +1,5 @@
-"""What the model picker offers: the pair loaded now, the demo, the Hugging Face cache, the known pairs.
+"""What the model picker offers: the pair loaded now, the demo, the Hugging Face cache, the known pairs,
+and a remote engine named in config.toml; with a remote engine in use, the models its server lists.
 
 Each target is listed once, with its size and whether loading it downloads
 anything. Only the sizes of downloads need the hub; offline they are unknown.
@@ -11,7 +12,10 @@ import json
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from dflash_tui.remote.client import RemoteTarget
 
 TARGET_PATTERNS = ("*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "tiktoken.model",
                    "*.txt", "*.jsonl", "*.jinja")  # what the engine fetches for a target (engine/loading.py)
@@ -24,7 +28,7 @@ class ModelChoice:
     target: str
     draft: Optional[str]
     detail: str
-    group: str  # "loaded" | "demo" | "cached" | "known"
+    group: str  # "loaded" | "demo" | "cached" | "known" | "remote" (config.toml's server) | "server" (its models)
     size: Optional[int] = None  # bytes on disk, or to download (None: not known)
     download: bool = False  # loading it fetches files from the hub first
 
@@ -180,3 +184,28 @@ def with_download_size(choice: ModelChoice, cached: dict[str, int], unknown: Opt
     except Exception:  # offline, gated, renamed: the size stays unknown
         return replace(choice, detail=f"needs a download ({NO_ANSWER}) · {note}"), False
     return replace(choice, size=total, detail=f"needs a download of {human_size(total)} · {note}"), True
+
+
+def is_url(text: str) -> bool:
+    """A target that names a server (http:// or https://), not a model."""
+    return text.strip().lower().startswith(("http://", "https://"))
+
+
+def remote_choice(url: str) -> ModelChoice:
+    """config.toml's remote engine, offered beside the local models: choosing it connects there."""
+    return ModelChoice(url, None, "remote engine from config.toml · chat with its server's model", "remote")
+
+
+def server_models(target: "RemoteTarget", current: Optional[str]) -> list[ModelChoice]:
+    """The models the server lists (GET /v1/models), the one in use first; RemoteError in one line."""
+    from dflash_tui.remote.client import RemoteClient, RemoteTarget
+
+    client = RemoteClient(RemoteTarget(target.url, target.api_key, None))
+    try:
+        info = client.connect()
+    finally:
+        client.close()
+    names = ([current] if current in info.models else []) + [m for m in info.models if m != current]
+    where = info.where
+    return [ModelChoice(name, None, where + (" · in use" if name == current else ""),
+                        "loaded" if name == current else "server") for name in names]

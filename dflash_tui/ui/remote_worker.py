@@ -15,7 +15,10 @@ from textual.message import Message
 
 from dflash_tui.remote.client import RemoteClient, RemoteError, RemoteTarget
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.worker import EngineWorker, Generate, Load, NewConversation, Restore, SetSystem, _first_line
+from dflash_tui.ui.worker import (FLUSH_INTERVAL_S, EngineWorker, Generate, Load, NewConversation, Restore, SetSystem,
+                                  _first_line)
+
+IDLE_FLUSH_S = FLUSH_INTERVAL_S  # a quiet stream's held blocks go out after this long
 
 
 class RemoteWorker(EngineWorker):
@@ -38,6 +41,19 @@ class RemoteWorker(EngineWorker):
     @conversation.setter
     def conversation(self, value: Any) -> None:  # EngineWorker's __init__ and _release set it
         pass
+
+    def cancel(self) -> None:
+        """Esc: the turn ends now, not at the server's next chunk (it may never come)."""
+        super().cancel()
+        client = self.client
+        if client is not None:
+            client.abort()
+
+    def stop(self) -> None:
+        super().stop()
+        client = self.client
+        if client is not None:
+            client.abort()
 
     def _release(self) -> None:
         if self.client is not None:
@@ -93,6 +109,11 @@ class RemoteWorker(EngineWorker):
             no_draft = "the server runs its target alone"
         self._post(msg.EngineReady(info.model, draft, info.where, info.block_size or 1, decode,
                                    time.perf_counter() - tic, no_draft=no_draft, server=info))
+        # the speedup's baseline is the server's own probe (dflash-tui serve), measured as a local one is;
+        # any other server reports none, and the meter says so rather than guess
+        self._post(msg.BaselineMeasured(info.target_alone_tps, "probe"))
+        if info.dflash_probe_tps is not None:
+            self._post(msg.ProbeMeasured(info.dflash_probe_tps))
 
     def _generate(self, req: Generate) -> None:
         client = self.client
@@ -107,8 +128,10 @@ class RemoteWorker(EngineWorker):
         replied: list[str] = []
 
         def events():
-            for ev in client.chat(asked, req.settings, self._should_cancel):
-                if ev.type == "done":
+            for ev in client.chat(asked, req.settings, self._should_cancel, idle_s=IDLE_FLUSH_S):
+                if ev is None:  # the server is quiet: the pump shows what it holds
+                    pass
+                elif ev.type == "done":
                     replied.append(ev.text)
                     self.messages.append({"role": "assistant", "content": ev.text})
                 elif ev.type == "error" and req.text is not None and self.messages[-1:] == [asked[-1]]:
@@ -119,3 +142,25 @@ class RemoteWorker(EngineWorker):
             self._pump(req.turn_id, events(), lambda: [dict(m) for m in self.messages])
         except Exception as exc:  # never expected: the client turns a server's failures into Error events
             self._post(msg.TurnFailed(req.turn_id, f"remote turn failed: {_first_line(exc)}"))
+
+
+async def switch_to_remote(app: Any, url: str) -> None:
+    """The app's engine moves to the server at `url` (from the model picker): the local pair is let go,
+    its memory freed, then the server is asked for its model. config.toml's key goes only to its server."""
+    from dflash_tui.remote.client import normalize_url
+
+    if app.generating:
+        app.notify("A reply is streaming; press Esc to stop it first", severity="warning")
+        return
+    try:
+        normalize_url(url)
+    except ValueError as exc:
+        app.notify(str(exc), title="not a server", severity="error")
+        return
+    key = app.options.api_key if url == app.options.remote else ""
+    target = RemoteTarget(url, key or None, None)
+    await app.engine.stopped()
+    app.remote = target
+    app.engine = RemoteWorker(app.post_message, target)
+    app.engine.start(app)
+    app.load_model(url, None)

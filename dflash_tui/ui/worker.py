@@ -19,11 +19,10 @@ from typing import Any, Callable, Iterable, Optional, Union
 from textual.message import Message
 
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
+from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
 
 FLUSH_INTERVAL_S = 0.2  # 5 repaints a second: live to the eye; faster starves the engine of the GIL
 STOP_TIMEOUT_S = 10.0  # a generation stops within a cycle; a load in progress cannot be interrupted
-PROBE_PROMPT = "Write a short paragraph about the sea."
 
 
 # -- requests --------------------------------------------------------------
@@ -419,6 +418,9 @@ class EngineWorker:
 
         for ev in events:
             now = time.perf_counter()
+            if ev is None:  # a remote engine's stream is idle: what is held goes out, not at its next chunk
+                flush(now)
+                continue
             if ev.type == "prefill":
                 self._post(msg.TurnPrefill(turn_id, ev))
                 last_flush = now
