@@ -77,7 +77,7 @@ def run() -> int:
             if isinstance(event, Block) and event.index > 0:  # a cycle (the last may draft nothing)
                 blocks.append([len(event.drafted), event.accepted])
             if isinstance(event, Done):
-                return {"tokens": event.tokens, "blocks": blocks, "comm_ms": event.stats["comm_ms"],
+                return {"tokens": event.tokens, "blocks": blocks, "sync_ms": event.stats["sync_ms"],
                         "checks": event.stats["agreement_checks"], "ranks": event.stats["ranks"]}
         raise AssertionError("no Done event")
 

@@ -97,7 +97,7 @@ def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, qwen3_dirs, hybri
         for name in ("draft4", "oracle4", "oracle16"):
             run = res["runs"][name]
             assert run["tokens"] == ref, f"rank {rank} {name}"
-            assert run["ranks"] == 2 and run["comm_ms"] > 0
+            assert run["ranks"] == 2 and run["sync_ms"] > 0
             assert run["checks"] == len(run["blocks"]) + 1  # every cycle and the first token were checked
         partial = [a for b, a in res["runs"]["oracle4"]["blocks"] + res["runs"]["oracle16"]["blocks"] if 0 < a < b]
         assert partial, "the oracle runs must include partial accepts"

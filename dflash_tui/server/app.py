@@ -105,14 +105,17 @@ def build_app(cfg: ServerConfig) -> Starlette:
 
     async def health(request: Request) -> Response:
         running, waiting = cfg.engine.counts()
-        return JSONResponse({"status": "ok", "model": cfg.model_id, "running": running, "waiting": waiting})
+        body = {"status": "ok", "model": cfg.model_id, "running": running, "waiting": waiting}
+        distributed = getattr(cfg.engine, "distributed", None)  # serve --distributed: {"ranks", "parallel"}
+        return JSONResponse({**body, "distributed": distributed} if distributed else body)
 
     async def models(request: Request) -> Response:
         if (r := refused(request)) is not None:
             return r
         return JSONResponse({"object": "list", "data": [{
             "id": cfg.model_id, "object": "model", "created": 0, "owned_by": "dflash-tui",
-            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens},
+            "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens,
+                       **({"distributed": cfg.engine.distributed} if getattr(cfg.engine, "distributed", None) else {})},
         }]})
 
     async def metrics(request: Request) -> Response:
