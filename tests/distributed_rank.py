@@ -103,6 +103,9 @@ def run() -> int:
             out["runs"][f"draft{b}"] = turn(faulty(draft_logits), greedy)
         seed = b + (1 if args.fault == "disagree" and ranks.rank == 1 else 0)
         out["runs"][f"oracle{b}"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=seed), greedy)
+    if args.fault == "none":  # the adaptive size: its costs are timed per rank, the choice must be rank 0's
+        auto = GenerationSettings(max_tokens=args.max_tokens, block_size="auto")
+        out["runs"]["auto"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=5), auto)
     sampled = GenerationSettings(max_tokens=args.max_tokens, temperature=1.0, seed=7)
     out["runs"]["sampled"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=1), sampled)
     print(json.dumps(out), flush=True)

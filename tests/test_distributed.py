@@ -94,7 +94,7 @@ def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, qwen3_dirs, hybri
     for rank, res in results.items():
         ref = res["reference"]
         assert len(ref) == 24
-        for name in ("draft4", "oracle4", "oracle16"):
+        for name in ("draft4", "oracle4", "oracle16", "auto"):
             run = res["runs"][name]
             assert run["tokens"] == ref, f"rank {rank} {name}"
             assert run["ranks"] == 2 and run["sync_ms"] > 0

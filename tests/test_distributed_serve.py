@@ -138,6 +138,23 @@ def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(qwen3_
         assert stats["ranks"] == 2 and stats["parallel"] == "tensor"
         assert stats["agreement_checks"] >= stats["cycles"] + 1 and stats["sync_ms"] > 0
 
+        # a remote TUI's engine (the block stream rebuilt into events): its meter shows the ranks
+        from dflash_tui.engine.events import Done
+        from dflash_tui.remote.client import RemoteClient, RemoteTarget
+        from dflash_tui.ui.meter import MeterState
+
+        remote = RemoteClient(RemoteTarget(url.removesuffix("/v1")))
+        try:
+            remote.connect()
+            meter = MeterState()
+            for ev in remote.chat(messages, {"max_tokens": 24, "temperature": 0.0}):
+                if isinstance(ev, Done):
+                    meter.on_done(ev)
+                    assert ev.tokens == ref["tokens"]
+        finally:
+            remote.close()
+        assert meter.ranks is not None and meter.ranks[:2] == (2, "tensor") and meter.ranks[2] > 0
+
         # a client that hangs up mid-reply: every rank stops after the same cycle
         long = client.chat.completions.create(model=model, messages=messages, max_tokens=3000, temperature=0, stream=True)
         next(iter(long))

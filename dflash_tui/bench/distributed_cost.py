@@ -5,8 +5,11 @@
 Every rank loads the target with mlx-lm's `sharded_load` (tensor parallel) and
 times, on the same prompt: the target's one-token step (what mlx-lm's own
 sharded decoding pays per token), a DFlash cycle at each block size (draft
-forward + one verify forward + the agreement all_sum), and the agreement
-all_sum alone (one network round). Rank 0 prints one JSON object.
+forward + one verify forward + the agreement all_sum), the agreement
+all_sum alone (one network round), and one token's hidden state all-reduced:
+times 2 per layer, an estimate of the network rounds inside every sharded
+forward (they run inside the lazily evaluated graph and cannot be timed apart
+from its compute). Rank 0 prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 
+from dflash_tui.engine.rank_diagnose import ALL_REDUCES_PER_LAYER
+
 
 @dataclass
 class DistributedCost:
     ranks: int
     parallel: str
     target_step_ms: float  # one token through the sharded target
-    allsum_ms: float  # one small all_sum round trip
+    sync_ms: float  # one agreement check: an all_sum of 4 int32 (what a cycle adds to the verify)
+    hidden_all_reduce_ms: float  # one token's hidden state all-reduced across the ranks
+    forward_comm_ms_estimate: float  # hidden_all_reduce_ms x 2 per layer: the rounds inside one forward
     cycle_ms: dict[int, float]  # block size -> one DFlash cycle (draft + verify + agreement)
     cycle_over_step: dict[int, float]  # block size -> cycle price in target steps
 
@@ -53,7 +60,9 @@ def measure(model: str, draft: str, blocks: tuple[int, ...], repeats: int) -> Di
     state = conv.state
     target = pair.target
     target_step = _target_step(target, prompt, repeats)
-    allsum = _median_ms(lambda: ranks.all_sum([1, 2, 3]), repeats)
+    sync = _median_ms(lambda: ranks.all_sum([1, 2, 3, 0]), repeats)
+    hidden = mx.zeros((target.hidden_size,), mx.float16)  # small: the round trip, not the bandwidth, is the cost
+    reduce = _median_ms(lambda: mx.eval(mx.distributed.all_sum(hidden, group=ranks.group, stream=mx.cpu)), repeats)
     cycles: dict[int, float] = {}
     for b in blocks:
         state.reset()
@@ -68,7 +77,8 @@ def measure(model: str, draft: str, blocks: tuple[int, ...], repeats: int) -> Di
             times.append((time.perf_counter() - tic) * 1e3)
         gen.close()
         cycles[b] = statistics.median(times)
-    return DistributedCost(ranks=ranks.size, parallel=ranks.kind, target_step_ms=target_step, allsum_ms=allsum,
+    return DistributedCost(ranks=ranks.size, parallel=ranks.kind, target_step_ms=target_step, sync_ms=sync,
+                           hidden_all_reduce_ms=reduce, forward_comm_ms_estimate=reduce * ALL_REDUCES_PER_LAYER * len(target.layers),
                            cycle_ms=cycles, cycle_over_step={b: c / target_step for b, c in cycles.items()})
 
 
