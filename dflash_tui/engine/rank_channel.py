@@ -18,7 +18,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import mlx.core as mx
 
@@ -45,10 +45,9 @@ class Channel:
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(0.5, min(5.0, ranks.timeout_s / 4 or 5.0))
         self.last_sent = time.monotonic()
 
-    def _sum(self, values: Any, n: int) -> list[int]:
+    def _sum(self, values: list[int]) -> list[int]:
         try:
-            out = mx.distributed.all_sum(mx.array(values, dtype=mx.int32) if n else mx.zeros((0,), mx.int32),
-                                         group=self.ranks.group, stream=mx.cpu)
+            out = mx.distributed.all_sum(mx.array(values, dtype=mx.int32), group=self.ranks.group, stream=mx.cpu)
             mx.eval(out)
         except RuntimeError as exc:
             raise rank_lost(exc) from None
@@ -56,10 +55,10 @@ class Channel:
 
     def _exchange(self, kind: int, payload: bytes) -> tuple[int, bytes]:
         leader = self.ranks.is_leader
-        kind, size = self._sum([kind, len(payload)] if leader else [0, 0], 2)
+        kind, size = self._sum([kind, len(payload)] if leader else [0, 0])
         data = b""
         if size:
-            data = bytes(self._sum(list(payload) if leader else [0] * size, size))
+            data = bytes(self._sum(list(payload) if leader else [0] * size))
         self.last_sent = time.monotonic()
         self.ranks.beat()
         return kind, data
