@@ -101,12 +101,21 @@ def health(url: str) -> dict:
         return json.loads(r.read())
 
 
-def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(qwen3_dirs, tmp_path):
+@pytest.fixture(scope="module")
+def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
+    from conftest import _build_pair
+
+    return _build_pair(tmp_path_factory.mktemp("qwen3_5_serve"), "qwen3_5", seed=0)
+
+
+@pytest.mark.parametrize("kind", ["attention", "hybrid"])
+def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, qwen3_dirs, hybrid_dirs, tmp_path):
     from openai import OpenAI
 
-    ref = single_process_reference(qwen3_dirs, 24)
+    dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
+    ref = single_process_reference(dirs, 24)
     assert len(ref["tokens"]) == 24
-    server = Ranks2(qwen3_dirs, tmp_path, rank_timeout=20)
+    server = Ranks2(dirs, tmp_path, rank_timeout=20)
     pids: dict[int, int] = {}
     try:
         url = server.wait_serving()
