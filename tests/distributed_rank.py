@@ -3,7 +3,9 @@
 Loads the pair with the target sharded by mlx-lm (`sharded_load`), computes the
 reference with mlx-lm's own `stream_generate` on that same sharded model, then
 runs the engine (real draft and an oracle draft for partial accepts, at each
-block size, and one seeded sampling turn) and prints one JSON line per rank.
+block size, the adaptive size, and one seeded sampling turn) and prints one
+JSON line per rank, with the captured features and logits compared to one
+process's whole target.
 `--fault` plants a failure on rank 1: `disagree` (its draft proposes other
 tokens, so it accepts another count), `kill` (SIGKILL itself mid-turn), `hang`
 (SIGSTOP itself mid-turn). An Error event: rank 0 prints one line, every rank exits 1.
@@ -63,6 +65,7 @@ def run() -> int:
     conv.ranks = ranks
     prompt = conv.prompt_tokens([{"role": "user", "content": "hello there"}])
     reference = reference_tokens(pair, prompt, args.max_tokens)  # mlx-lm's sharded greedy generation
+    features = compare_features(pair.target, args.target, prompt)
 
     def turn(propose, settings) -> dict:
         conv.propose = propose
@@ -95,7 +98,7 @@ def run() -> int:
 
         return wrapped
 
-    out: dict = {"rank": ranks.rank, "reference": reference, "runs": {}}
+    out: dict = {"rank": ranks.rank, "reference": reference, "features": features, "runs": {}}
     sequence = prompt + reference
     for b in [int(x) for x in args.blocks.split(",")]:
         greedy = GenerationSettings(max_tokens=args.max_tokens, block_size=b)
@@ -110,6 +113,22 @@ def run() -> int:
     out["runs"]["sampled"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=1), sampled)
     print(json.dumps(out), flush=True)
     return 0
+
+
+def compare_features(sharded, path: str, prompt: list[int]) -> dict:
+    """The sharded target's captured features and logits against one process's whole target (loaded
+    here too, unsharded): their largest differences, and a digest to compare across the ranks."""
+    import mlx.core as mx
+
+    from dflash_tui.engine.loading import load_target
+
+    whole = load_target(path)
+    whole.set_capture(sharded.capture_ids)
+    (logits_s, feats_s), (logits_w, feats_w) = (t.forward(mx.array([prompt]), t.make_cache()) for t in (sharded, whole))
+    mx.eval(logits_s, feats_s, logits_w, feats_w)
+    return {"feature_diff": mx.abs(feats_s - feats_w).max().item(), "logit_diff": mx.abs(logits_s - logits_w).max().item(),
+            "feature_scale": mx.abs(feats_w).max().item(), "digest": [feats_s.sum().item(), logits_s.sum().item()],
+            "shape": list(feats_s.shape)}
 
 
 if __name__ == "__main__":

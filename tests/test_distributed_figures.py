@@ -64,11 +64,11 @@ def test_doctor_distributed_reports_the_ranks_once_with_measured_sync(qwen3_dirs
     sync = re.search(r"sync (\d+\.\d+) ms per cycle: the agreement check", out[ranks[0] + 1])
     assert sync and float(sync.group(1)) > 0
     layers = int(re.search(r"(\d+) layers", proc.stdout).group(1))
-    assert f"a target forward makes about {2 * layers} (2 per layer)" in out[ranks[0] + 2]
+    assert f"a target forward makes about {2 * layers} network rounds (2 per layer)" in out[ranks[0] + 2]
     assert any(re.match(r"\s+ok\s+tensor parallel\s+mlx-lm's qwen3 model has shard\(\)", line) for line in out)
     assert "Node with rank" not in proc.stderr  # both ranks exited 0
 
     data = json.loads(_doctor_on_2_ranks(qwen3_dirs, "--json").stdout)
     d = data["distributed"]
     assert d["ranks"] == 2 and d["parallel"] == "tensor" and d["sync_ms"] > 0
-    assert d["forward_comm_ms_estimate"] == pytest.approx(d["hidden_all_reduce_ms"] * d["all_reduces_per_forward"])
+    assert d["forward_comm_ms_estimate"] == pytest.approx(d["hidden_all_reduce_ms"] * d["rounds_per_forward"])

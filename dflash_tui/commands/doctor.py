@@ -85,12 +85,14 @@ def _add_ranks(args: argparse.Namespace, diag: "Diagnosis") -> bool:
 
 
 def rank_lines(r) -> list[str]:
+    from dflash_tui.engine.rank_diagnose import rounds_text
+
     lines = [f"ranks    {r.ranks} ({r.parallel} parallel: mlx-lm's sharding splits the target, every rank holds the whole draft)",
              f"         sync {r.sync_ms:.3f} ms per cycle: the agreement check, one all_sum of 4 integers (median of 20)"]
     if r.forward_comm_ms is not None:
         lines.append(f"         one token's hidden state all-reduced: {r.hidden_all_reduce_ms:.3f} ms; a target forward makes "
-                     f"about {r.all_reduces_per_forward} (2 per layer): ~{r.forward_comm_ms:.1f} ms of network rounds per "
-                     "forward (an estimate), once per DFlash cycle, once per token without a draft")
+                     f"about {r.rounds_per_forward} network rounds ({rounds_text(r.parallel)}): ~{r.forward_comm_ms:.1f} ms "
+                     "per forward (an estimate), once per DFlash cycle, once per token without a draft")
     return lines
 
 

@@ -1,8 +1,9 @@
 """DFlash with the target sharded over several ranks by mlx-lm (`mx.distributed`).
 
 Every rank loads the target through `mlx_lm.utils.sharded_load` (tensor
-parallel: `Model.shard()`) and a full copy
-of the small draft, and runs the same decode loop. The sharded target's layer
+parallel: `Model.shard()`; pipeline parallel: `Model.model.pipeline()`, where
+`Target` gathers the captured layers from the stages holding them) and a full
+copy of the small draft, and runs the same decode loop. The sharded target's layer
 outputs are all-reduced inside mlx-lm's own layers ("sharded-to-all" linears),
 so the captured features are full hidden states on every rank; a vocab-sharded
 head is gathered in `Target.head`. So every rank makes the same accept
@@ -32,7 +33,7 @@ import mlx.core as mx
 
 from dflash_tui.errors import UserError
 
-KINDS = ("tensor",)  # pipeline parallel (Model.model.pipeline()) is not supported yet: docs/distributed.md
+KINDS = ("tensor", "pipeline")  # mlx-lm's Model.shard() / Model.model.pipeline()
 DIGEST_MOD = 1_000_003  # keeps digest * ranks inside int32
 
 
@@ -238,7 +239,15 @@ def load_sharded(source: str, kind: str, group: Any, trust_remote_code: bool = F
     if kind not in KINDS:
         raise ValueError(f"unknown parallelism {kind!r}")
     try:
+        if kind == "pipeline":
+            return sharded_load(source, trust_remote_code=trust_remote_code, pipeline_group=group)
         return sharded_load(source, trust_remote_code=trust_remote_code, tensor_group=group)
+    except FileNotFoundError as exc:
+        if kind == "pipeline" and exc.filename and str(exc.filename).endswith(".index.json"):
+            msg = "pipeline parallel needs model.safetensors.index.json (mlx-lm reads it to pick each stage's files)"
+        else:
+            msg = str(exc).splitlines()[0]
+        raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None
     except (ValueError, AssertionError) as exc:  # "does not support tensor parallelism", heads not divisible...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None
