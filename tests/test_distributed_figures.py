@@ -72,3 +72,11 @@ def test_doctor_distributed_reports_the_ranks_once_with_measured_sync(qwen3_dirs
     d = data["distributed"]
     assert d["ranks"] == 2 and d["parallel"] == "tensor" and d["sync_ms"] > 0
     assert d["forward_comm_ms_estimate"] == pytest.approx(d["hidden_all_reduce_ms"] * d["rounds_per_forward"])
+
+
+@pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
+def test_doctor_distributed_pipeline_fails_a_model_mlx_lm_cannot_pipeline(qwen3_dirs):
+    proc = _doctor_on_2_ranks(qwen3_dirs, "--pipeline")
+    assert "ranks    2 (pipeline parallel" in proc.stdout
+    assert re.search(r"FAIL\s+pipeline parallel\s+mlx-lm's qwen3 model has no pipeline\(\)", proc.stdout), proc.stdout
+    assert "verdict: does not work: pipeline parallel" in proc.stdout

@@ -26,12 +26,12 @@ pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not i
 class Ranks2:
     """`mlx.launch --backend ring -n 2 -- dflash-tui serve … --distributed`, its output in files."""
 
-    def __init__(self, dirs: dict[str, Path], tmp: Path, rank_timeout: float) -> None:
+    def __init__(self, dirs: dict[str, Path], tmp: Path, rank_timeout: float, pipeline: bool = False) -> None:
         port = random.randrange(20000, 60000, 2)
         self.out, self.err = tmp / "launch.out", tmp / "launch.err"
         cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--",
                sys.executable, "-m", "dflash_tui", "serve", "--model", str(dirs["target"]), "--draft", str(dirs["draft"]),
-               "--distributed", "--port", "0", "--rank-timeout", str(rank_timeout)]
+               "--distributed", "--port", "0", "--rank-timeout", str(rank_timeout), *(["--pipeline"] if pipeline else [])]
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdin=subprocess.DEVNULL,
                                          stdout=out, stderr=err, start_new_session=True)
@@ -104,24 +104,28 @@ def health(url: str) -> dict:
 @pytest.fixture(scope="module")
 def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
     from conftest import _build_pair
+    from test_distributed import write_safetensors_index
 
-    return _build_pair(tmp_path_factory.mktemp("qwen3_5_serve"), "qwen3_5", seed=0)
+    dirs = _build_pair(tmp_path_factory.mktemp("qwen3_5_serve"), "qwen3_5", seed=0)
+    write_safetensors_index(dirs["target"])  # mlx-lm's pipeline loading reads it
+    return dirs
 
 
-@pytest.mark.parametrize("kind", ["attention", "hybrid"])
-def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, qwen3_dirs, hybrid_dirs, tmp_path):
+@pytest.mark.parametrize("kind, parallel", [("attention", "tensor"), ("hybrid", "tensor"), ("hybrid", "pipeline")])
+def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, parallel, qwen3_dirs, hybrid_dirs,
+                                                                          tmp_path):
     from openai import OpenAI
 
     dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
     ref = single_process_reference(dirs, 24)
     assert len(ref["tokens"]) == 24
-    server = Ranks2(dirs, tmp_path, rank_timeout=20)
+    server = Ranks2(dirs, tmp_path, rank_timeout=20, pipeline=parallel == "pipeline")
     pids: dict[int, int] = {}
     try:
         url = server.wait_serving()
         pids = server.rank_pids()
         assert sorted(pids) == [0, 1]
-        assert health(url)["distributed"] == {"ranks": 2, "parallel": "tensor"}
+        assert health(url)["distributed"] == {"ranks": 2, "parallel": parallel}
         client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
         messages = [{"role": "user", "content": PROMPT}]
         [model] = [m.id for m in client.models.list().data]
@@ -144,7 +148,7 @@ def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, 
         assert text == ref["text"]
         assert done is not None and done["tokens"] == ref["tokens"]
         stats = done["stats"]
-        assert stats["ranks"] == 2 and stats["parallel"] == "tensor"
+        assert stats["ranks"] == 2 and stats["parallel"] == parallel
         assert stats["agreement_checks"] >= stats["cycles"] + 1 and stats["sync_ms"] > 0
 
         # a remote TUI's engine (the block stream rebuilt into events): its meter shows the ranks
@@ -162,7 +166,7 @@ def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, 
                     assert ev.tokens == ref["tokens"]
         finally:
             remote.close()
-        assert meter.ranks is not None and meter.ranks[:2] == (2, "tensor") and meter.ranks[2] > 0
+        assert meter.ranks is not None and meter.ranks[:2] == (2, parallel) and meter.ranks[2] > 0
 
         # a client that hangs up mid-reply: every rank stops after the same cycle
         long = client.chat.completions.create(model=model, messages=messages, max_tokens=3000, temperature=0, stream=True)
