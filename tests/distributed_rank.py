@@ -3,7 +3,9 @@
 Loads the pair with the target sharded by mlx-lm (`sharded_load`), computes the
 reference with mlx-lm's own `stream_generate` on that same sharded model, then
 runs the engine (real draft and an oracle draft for partial accepts, at each
-block size, and one seeded sampling turn) and prints one JSON line per rank.
+block size, the adaptive size, and one seeded sampling turn) and prints one
+JSON line per rank, with the captured features and logits compared to one
+process's whole target.
 `--fault` plants a failure on rank 1: `disagree` (its draft proposes other
 tokens, so it accepts another count), `kill` (SIGKILL itself mid-turn), `hang`
 (SIGSTOP itself mid-turn). An Error event: rank 0 prints one line, every rank exits 1.
@@ -63,6 +65,7 @@ def run() -> int:
     conv.ranks = ranks
     prompt = conv.prompt_tokens([{"role": "user", "content": "hello there"}])
     reference = reference_tokens(pair, prompt, args.max_tokens)  # mlx-lm's sharded greedy generation
+    features = compare_features(pair.target, args.target, prompt)
 
     def turn(propose, settings) -> dict:
         conv.propose = propose
@@ -77,7 +80,7 @@ def run() -> int:
             if isinstance(event, Block) and event.index > 0:  # a cycle (the last may draft nothing)
                 blocks.append([len(event.drafted), event.accepted])
             if isinstance(event, Done):
-                return {"tokens": event.tokens, "blocks": blocks, "comm_ms": event.stats["comm_ms"],
+                return {"tokens": event.tokens, "blocks": blocks, "sync_ms": event.stats["sync_ms"],
                         "checks": event.stats["agreement_checks"], "ranks": event.stats["ranks"]}
         raise AssertionError("no Done event")
 
@@ -95,7 +98,7 @@ def run() -> int:
 
         return wrapped
 
-    out: dict = {"rank": ranks.rank, "reference": reference, "runs": {}}
+    out: dict = {"rank": ranks.rank, "reference": reference, "features": features, "runs": {}}
     sequence = prompt + reference
     for b in [int(x) for x in args.blocks.split(",")]:
         greedy = GenerationSettings(max_tokens=args.max_tokens, block_size=b)
@@ -103,10 +106,29 @@ def run() -> int:
             out["runs"][f"draft{b}"] = turn(faulty(draft_logits), greedy)
         seed = b + (1 if args.fault == "disagree" and ranks.rank == 1 else 0)
         out["runs"][f"oracle{b}"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=seed), greedy)
+    if args.fault == "none":  # the adaptive size: its costs are timed per rank, the choice must be rank 0's
+        auto = GenerationSettings(max_tokens=args.max_tokens, block_size="auto")
+        out["runs"]["auto"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=5), auto)
     sampled = GenerationSettings(max_tokens=args.max_tokens, temperature=1.0, seed=7)
     out["runs"]["sampled"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=1), sampled)
     print(json.dumps(out), flush=True)
     return 0
+
+
+def compare_features(sharded, path: str, prompt: list[int]) -> dict:
+    """The sharded target's captured features and logits against one process's whole target (loaded
+    here too, unsharded): their largest differences, and a digest to compare across the ranks."""
+    import mlx.core as mx
+
+    from dflash_tui.engine.loading import load_target
+
+    whole = load_target(path)
+    whole.set_capture(sharded.capture_ids)
+    (logits_s, feats_s), (logits_w, feats_w) = (t.forward(mx.array([prompt]), t.make_cache()) for t in (sharded, whole))
+    mx.eval(logits_s, feats_s, logits_w, feats_w)
+    return {"feature_diff": mx.abs(feats_s - feats_w).max().item(), "logit_diff": mx.abs(logits_s - logits_w).max().item(),
+            "feature_scale": mx.abs(feats_w).max().item(), "digest": [feats_s.sum().item(), logits_s.sum().item()],
+            "shape": list(feats_s.shape)}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -79,25 +80,44 @@ def our_lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("dflash-tui:")]
 
 
+def write_safetensors_index(folder: Path) -> None:
+    """model.safetensors.index.json, as sharded checkpoints have it (mlx-lm's pipeline loading reads it)."""
+    raw = (folder / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + struct.unpack("<Q", raw[:8])[0]])
+    weight_map = {name: "model.safetensors" for name in header if name != "__metadata__"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
 @pytest.fixture(scope="module")
 def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
-    return _build_pair(tmp_path_factory.mktemp("qwen3_5_dist"), "qwen3_5", seed=0)
+    dirs = _build_pair(tmp_path_factory.mktemp("qwen3_5_dist"), "qwen3_5", seed=0)
+    write_safetensors_index(dirs["target"])
+    return dirs
 
 
-@pytest.mark.parametrize("kind", ["attention", "hybrid"])
-def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, qwen3_dirs, hybrid_dirs, tmp_path):
+@pytest.mark.parametrize("kind, parallel", [("attention", "tensor"), ("hybrid", "tensor"), ("hybrid", "pipeline")])
+def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, parallel, qwen3_dirs, hybrid_dirs, tmp_path):
     dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
     out, err = launch([str(RANK_SCRIPT), "--target", str(dirs["target"]), "--draft", str(dirs["draft"]),
-                       "--max-tokens", "24", "--pid-dir", str(tmp_path)], tmp_path)
+                       "--kind", parallel, "--max-tokens", "24", "--pid-dir", str(tmp_path)], tmp_path)
     results = rank_results(out)
     assert sorted(results) == [0, 1], err[-2000:]
+    # the draft reads the same features and the target gives the same logits on every rank: a
+    # pipeline stage's layers are computed whole (exact); tensor parallel sums partial products
+    assert results[0]["features"]["digest"] == results[1]["features"]["digest"]
+    for res in results.values():
+        f = res["features"]
+        if parallel == "pipeline":
+            assert f["feature_diff"] == 0.0 and f["logit_diff"] == 0.0, f
+        else:
+            assert f["feature_diff"] <= 1e-4 * f["feature_scale"], f
     for rank, res in results.items():
         ref = res["reference"]
         assert len(ref) == 24
-        for name in ("draft4", "oracle4", "oracle16"):
+        for name in ("draft4", "oracle4", "oracle16", "auto"):
             run = res["runs"][name]
             assert run["tokens"] == ref, f"rank {rank} {name}"
-            assert run["ranks"] == 2 and run["comm_ms"] > 0
+            assert run["ranks"] == 2 and run["sync_ms"] > 0
             assert run["checks"] == len(run["blocks"]) + 1  # every cycle and the first token were checked
         partial = [a for b, a in res["runs"]["oracle4"]["blocks"] + res["runs"]["oracle16"]["blocks"] if 0 < a < b]
         assert partial, "the oracle runs must include partial accepts"
@@ -131,6 +151,15 @@ def test_generate_cli_distributed_prints_on_rank_0_only(qwen3_dirs, tmp_path):
     stats = done[0]["stats"]
     assert stats["ranks"] == 2 and stats["parallel"] == "tensor" and stats["agreement_checks"] >= 2
     assert len(done[0]["tokens"]) == 12
+
+
+def test_pipeline_on_a_model_mlx_lm_cannot_pipeline_is_one_line(qwen3_dirs, tmp_path):
+    out, err = launch(["-m", "dflash_tui", "generate", "hello there", "--model", str(qwen3_dirs["target"]),
+                       "--draft", str(qwen3_dirs["draft"]), "--max-tokens", "4", "--distributed", "--pipeline"], tmp_path)
+    lines = our_lines(err)
+    assert len(lines) == 1, err[-2000:]
+    assert "(pipeline parallel)" in lines[0] and "does not support pipelining" in lines[0], lines[0]
+    assert out.strip() == ""
 
 
 def test_distributed_outside_mlx_launch_is_one_line():

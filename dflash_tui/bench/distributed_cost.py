@@ -2,11 +2,15 @@
 
     mlx.launch --backend ring -n 2 -- python -m dflash_tui.bench.distributed_cost --model M --draft D
 
-Every rank loads the target with mlx-lm's `sharded_load` (tensor parallel) and
-times, on the same prompt: the target's one-token step (what mlx-lm's own
-sharded decoding pays per token), a DFlash cycle at each block size (draft
-forward + one verify forward + the agreement all_sum), and the agreement
-all_sum alone (one network round). Rank 0 prints one JSON object.
+Every rank loads the target with mlx-lm's `sharded_load` (tensor parallel, or
+pipeline parallel with --pipeline) and times, on the same prompt: the target's
+one-token step (what mlx-lm's own sharded decoding pays per token), a DFlash
+cycle at each block size (draft forward + one verify forward + the agreement
+all_sum), the agreement all_sum alone (one network round), and one token's
+hidden state all-reduced: times the rounds of one forward
+(`rank_diagnose.rounds_per_forward`), an estimate of the network time inside
+every sharded forward (it runs inside the lazily evaluated graph and cannot be
+timed apart from its compute). Rank 0 prints one JSON object.
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 
+from dflash_tui.engine.rank_diagnose import rounds_per_forward
+
 
 @dataclass
 class DistributedCost:
     ranks: int
     parallel: str
     target_step_ms: float  # one token through the sharded target
-    allsum_ms: float  # one small all_sum round trip
+    sync_ms: float  # one agreement check: an all_sum of 4 int32 (what a cycle adds to the verify)
+    hidden_all_reduce_ms: float  # one token's hidden state all-reduced across the ranks
+    forward_comm_ms_estimate: float  # hidden_all_reduce_ms x the rounds of one forward (rank_diagnose.rounds_per_forward)
     cycle_ms: dict[int, float]  # block size -> one DFlash cycle (draft + verify + agreement)
     cycle_over_step: dict[int, float]  # block size -> cycle price in target steps
 
@@ -40,20 +48,22 @@ def _median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: str, draft: str, blocks: tuple[int, ...], repeats: int) -> DistributedCost:
+def measure(model: str, draft: str, blocks: tuple[int, ...], repeats: int, kind: str = "tensor") -> DistributedCost:
     from dflash_tui.engine.conversation import Conversation
     from dflash_tui.engine.distributed import Ranks, init_group
     from dflash_tui.engine.loading import load_pair
     from dflash_tui.engine.speculative import dflash_cycles
 
-    ranks = Ranks(init_group())
+    ranks = Ranks(init_group(), kind=kind)
     pair = load_pair(model, draft, ranks=ranks)
     conv = Conversation(pair)
     prompt = conv.prompt_tokens([{"role": "user", "content": "Explain speculative decoding in one paragraph."}])
     state = conv.state
     target = pair.target
     target_step = _target_step(target, prompt, repeats)
-    allsum = _median_ms(lambda: ranks.all_sum([1, 2, 3]), repeats)
+    sync = _median_ms(lambda: ranks.all_sum([1, 2, 3, 0]), repeats)
+    hidden = mx.zeros((target.hidden_size,), mx.float16)  # small: the round trip, not the bandwidth, is the cost
+    reduce = _median_ms(lambda: mx.eval(mx.distributed.all_sum(hidden, group=ranks.group, stream=mx.cpu)), repeats)
     cycles: dict[int, float] = {}
     for b in blocks:
         state.reset()
@@ -68,7 +78,9 @@ def measure(model: str, draft: str, blocks: tuple[int, ...], repeats: int) -> Di
             times.append((time.perf_counter() - tic) * 1e3)
         gen.close()
         cycles[b] = statistics.median(times)
-    return DistributedCost(ranks=ranks.size, parallel=ranks.kind, target_step_ms=target_step, allsum_ms=allsum,
+    rounds = rounds_per_forward(ranks.kind, target.num_layers, ranks.size)
+    return DistributedCost(ranks=ranks.size, parallel=ranks.kind, target_step_ms=target_step, sync_ms=sync,
+                           hidden_all_reduce_ms=reduce, forward_comm_ms_estimate=reduce * rounds,
                            cycle_ms=cycles, cycle_over_step={b: c / target_step for b, c in cycles.items()})
 
 
@@ -86,8 +98,10 @@ def main() -> int:
     p.add_argument("--draft", required=True)
     p.add_argument("--blocks", default="4,16")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--pipeline", action="store_true", help="pipeline parallel instead of tensor parallel")
     args = p.parse_args()
-    cost = measure(args.model, args.draft, tuple(int(b) for b in args.blocks.split(",")), args.repeats)
+    cost = measure(args.model, args.draft, tuple(int(b) for b in args.blocks.split(",")), args.repeats,
+                   "pipeline" if args.pipeline else "tensor")
     if mx.distributed.init().rank() == 0:
         print(json.dumps(asdict(cost)), flush=True)
     return 0

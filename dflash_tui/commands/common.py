@@ -31,6 +31,8 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("several machines (run under mlx.launch)")
     g.add_argument("--distributed", action="store_true",
                    help="shard the target over the ranks mlx.launch started (tensor parallel); rank 0 prints")
+    g.add_argument("--pipeline", action="store_true",
+                   help="with --distributed: pipeline parallel (each rank holds a run of layers) where mlx-lm has it")
     g.add_argument("--rank-timeout", type=float, default=120.0, metavar="S",
                    help="stop when the ranks make no progress for S seconds (default 120; 0: never)")
 
@@ -38,10 +40,12 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
 def ranks_from_args(args: argparse.Namespace):
     """The Ranks of a --distributed run (watchdog started), or None."""
     if not getattr(args, "distributed", False):
+        if getattr(args, "pipeline", False):
+            raise UserError("--pipeline needs --distributed (under mlx.launch)")
         return None
     from dflash_tui.engine.distributed import Ranks, init_group
 
-    ranks = Ranks(init_group(), kind="tensor", timeout_s=args.rank_timeout)
+    ranks = Ranks(init_group(), kind="pipeline" if args.pipeline else "tensor", timeout_s=args.rank_timeout)
     ranks.start_watchdog()
     ranks.stop_on_sigterm()
     ranks.beat(grace=10 * args.rank_timeout)  # loading too: a rank that never loads must not hang the others

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=None, metavar="N",
                         help="context length the memory figures are for (default 8192, or the model's context if shorter)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
+    from dflash_tui.commands.common import add_distributed_arguments
+
+    add_distributed_arguments(parser)
 
 
 def clean(text: Any) -> str:
@@ -57,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     model, draft = resolve_pair(args)
     demo = args.demo or not args.model
     diag = diagnose(model, draft, tokens, draft_reason="the bundled demo pair" if demo else "given with --draft")
+    if getattr(args, "distributed", False) and not _add_ranks(args, diag):
+        return 1 if diag.failed else NOT_CHECKED if diag.unchecked else 0  # another rank than 0: rank 0 reports
     if args.json:
         print(json.dumps(as_json(diag), indent=2))  # ensure_ascii: control characters come out escaped
     else:
@@ -65,6 +70,30 @@ def run(args: argparse.Namespace) -> int:
     if diag.failed:
         return 1
     return NOT_CHECKED if diag.unchecked else 0
+
+
+def _add_ranks(args: argparse.Namespace, diag: "Diagnosis") -> bool:
+    """Under mlx.launch: the ranks' figures and whether mlx-lm can shard the target; True on rank 0."""
+    from dflash_tui.commands.common import ranks_from_args
+    from dflash_tui.engine.rank_diagnose import rank_facts, shard_check
+
+    ranks = ranks_from_args(args)
+    if diag.target_location.present and diag.target_facts is not None:
+        diag.checks.append(shard_check(diag.target_location.path, ranks.kind))
+    diag.distributed = rank_facts(ranks, diag.target_facts)
+    return ranks.is_leader
+
+
+def rank_lines(r) -> list[str]:
+    from dflash_tui.engine.rank_diagnose import rounds_text
+
+    lines = [f"ranks    {r.ranks} ({r.parallel} parallel: mlx-lm's sharding splits the target, every rank holds the whole draft)",
+             f"         sync {r.sync_ms:.3f} ms per cycle: the agreement check, one all_sum of 4 integers (median of 20)"]
+    if r.forward_comm_ms is not None:
+        lines.append(f"         one token's hidden state all-reduced: {r.hidden_all_reduce_ms:.3f} ms; a target forward makes "
+                     f"about {r.rounds_per_forward} network rounds ({rounds_text(r.parallel)}): ~{r.forward_comm_ms:.1f} ms "
+                     "per forward (an estimate), once per DFlash cycle, once per token without a draft")
+    return lines
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -88,6 +117,8 @@ def report_lines(diag: "Diagnosis") -> list[str]:
                      f"reads target layers {c.target_layer_ids}, {d.params} parameters")
     lines.append(f"backend  {b.backend}" + (f" ({b.device})" if b.device else "")
                  + f"; attention: {b.attention}; kernels: {b.kernels}")
+    if diag.distributed is not None:
+        lines += rank_lines(diag.distributed)
     lines.append("checks")
     width = max(len(c.name) for c in diag.checks)
     lines += [f"  {_MARK[c.ok]:<4}  {c.name:<{width}}  {c.detail}" for c in diag.checks]
@@ -135,6 +166,9 @@ def as_json(diag: "Diagnosis") -> dict[str, Any]:
         "would_not_work": diag.wont_work,
         "ok": not diag.failed and not diag.unchecked,
     }
+    if diag.distributed is not None:
+        r = diag.distributed
+        out["distributed"] = {**asdict(r), "forward_comm_ms_estimate": r.forward_comm_ms}
     if t is not None:
         out["target_facts"] = {k: v for k, v in asdict(t).items() if k != "cache"}
         out["target_facts"].update(kv_bytes_per_token=t.per_token, fixed_state_bytes=t.fixed_state)

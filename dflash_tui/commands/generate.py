@@ -104,7 +104,7 @@ def figures_line(done) -> str:
     else:
         parts += [f"{s['tokens_per_cycle']:.2f} tokens/cycle", f"acceptance {s['acceptance']:.0%}"]
     if "ranks" in s:
-        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, comm {s['comm_ms']:.1f} ms")
+        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, sync {s['sync_ms']:.1f} ms")
     return f"[{', '.join(parts)}, {done.finish_reason}]"
 
 

@@ -9,10 +9,13 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
+from dflash_tui.commands.common import _block_size, add_distributed_arguments, add_model_arguments, resolve_pair
 from dflash_tui.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.distributed import Ranks
 
 API_KEY_ENV = "DFLASH_TUI_API_KEY"
 DEFAULT_MAX_TOKENS_LIMIT = 4096
@@ -36,6 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-decode-metrics", choices=("none", "summary", "detailed"), default="summary",
                    help="per-request speculative-decoding figures in responses, as vLLM's --per-request-spec-decode-metrics")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
+    add_distributed_arguments(parser)
 
 
 def is_loopback(host: str) -> bool:
@@ -94,16 +98,24 @@ def _terminate(signum, frame) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dflash_tui.commands.common import ranks_from_args
+
+    ranks = ranks_from_args(args)  # None unless --distributed
+    if ranks is not None and not ranks.is_leader:  # rank 0 serves; the others follow its requests
+        from dflash_tui.commands.serve_follower import follow_rank_0
+
+        return follow_rank_0(args, ranks)
     api_key = check_args(args)
     model, draft = resolve_pair(args)
     sock = bind(args.host, args.port)
     try:
-        return _serve(args, api_key, model, draft, sock)
+        return _serve(args, api_key, model, draft, sock, ranks)
     finally:
         sock.close()
 
 
-def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: Optional[str], sock: socket.socket) -> int:
+def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: Optional[str], sock: socket.socket,
+           ranks: "Optional[Ranks]" = None) -> int:
     import uvicorn
 
     from dflash_tui.server.app import ServerConfig, build_app
@@ -112,8 +124,14 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
     from dflash_tui.server.openai_format import Limits
 
     name = model_id(args, model)
-    engine = EngineThread(model, draft, trust_remote_code=args.trust_remote_code, block_size=args.block_size,
-                          max_queue=args.max_queue)
+    if ranks is None:
+        engine = EngineThread(model, draft, trust_remote_code=args.trust_remote_code, block_size=args.block_size,
+                              max_queue=args.max_queue)
+    else:
+        from dflash_tui.server.ranked_engine import RankedEngineThread
+
+        engine = RankedEngineThread(model, draft, ranks, trust_remote_code=args.trust_remote_code,
+                                    block_size=args.block_size, max_queue=args.max_queue)
     print(f"dflash-tui serve: loading {name} ...", file=sys.stderr, flush=True)
     engine.start()
     try:
@@ -128,18 +146,41 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         drafting = f"draft block {engine.num_spec_tokens + 1}" if engine.num_spec_tokens else "target only (no draft)"
+        if ranks is not None:
+            drafting += f", {ranks.size} ranks {ranks.kind} parallel"
         print(f"dflash-tui serve: {name} ({drafting}) on http://{shown}:{port}/v1"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=3, lifespan="off",
                                 server_header=False, h11_max_incomplete_event_size=64 * 1024)
+        server = uvicorn.Server(config)
+        if ranks is not None:
+            engine.on_fatal = lambda: setattr(server, "should_exit", True)
         previous = signal.signal(signal.SIGTERM, _terminate)  # uvicorn re-raises SIGTERM after its shutdown
+        terminated = False
         try:
-            uvicorn.Server(config).run(sockets=[sock])
-        except (KeyboardInterrupt, _Terminated):
+            server.run(sockets=[sock])
+        except _Terminated:
+            terminated = True
+        except KeyboardInterrupt:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
+        if ranks is not None:
+            return _ranks_ended(engine, terminated)
         print("dflash-tui serve: stopped", file=sys.stderr, flush=True)
         return 0
     finally:
         engine.stop()
+
+
+def _ranks_ended(engine, terminated: bool) -> int:
+    """Rank 0 after its server stopped: the one reason the ranks ended (exit 1), or a clean stop."""
+    if terminated:  # mlx.launch ends the remaining ranks with SIGTERM when one of them exits
+        engine.fail("stopped by mlx.launch: another rank exited (killed, or failed first)")
+    if engine.fatal is None:
+        engine.stop()  # a clean stop: the followers get their shutdown message
+        print("dflash-tui serve: stopped", file=sys.stderr, flush=True)
+        return 0
+    print(f"dflash-tui serve: {engine.fatal}", file=sys.stderr, flush=True)
+    # the engine thread may sit in a collective that will never complete: leave without waiting for it
+    os._exit(1)

@@ -102,6 +102,8 @@ class Conversation:
         """The adaptive sizer; its cost curve is measured once, its acceptance carries over turns."""
         if self._sizer is None or self._sizer.max_block != max(b for b in CANDIDATES if b <= max_block):
             costs = measure_costs(self.target, self.state.draft, tuple(b for b in CANDIDATES if b <= max_block))
+            if self.ranks is not None:  # timed on each rank: all must choose by rank 0's
+                costs = self.ranks.leaders_values(costs)
             self._sizer = BlockSizer(costs, max_block)
         self._sizer.chosen = {}
         return self._sizer
@@ -169,10 +171,14 @@ class Conversation:
 
     def _failure(self, exc: Exception) -> str:
         if isinstance(exc, UserError):  # the ranks disagree, or one is gone
-            return str(exc)
-        if self.ranks is not None and isinstance(exc, RuntimeError):  # a collective failed: a rank died
-            return str(rank_lost(exc))
-        return f"generation failed: {type(exc).__name__}: {exc}"
+            message = str(exc)
+        elif self.ranks is not None and isinstance(exc, RuntimeError):  # a collective failed: a rank died
+            message = str(rank_lost(exc))
+        else:
+            message = f"generation failed: {type(exc).__name__}: {exc}"
+        if self.ranks is not None:  # a turn that failed midway left the ranks out of step
+            self.ranks.broken = message
+        return message
 
     def _decode(self, prompt: list[int], settings: GenerationSettings, sampling: SamplingConfig, should_cancel: CancelFn):
         state = self.state
@@ -186,10 +192,11 @@ class Conversation:
         keys = None if sampling.is_greedy else KeyStream(settings.seed)
         mx.reset_peak_memory()
         ranks = self.ranks
-        comm_before, checks_before = (ranks.comm_ms, ranks.checks) if ranks is not None else (0.0, 0)
+        sync_before, checks_before = (ranks.sync_ms, ranks.checks) if ranks is not None else (0.0, 0)
         if ranks is not None:
             ranks.beat()
             ranks.settle()
+            should_cancel = ranks.follow_stop(should_cancel)  # every rank stops after the same cycle
 
         # reuse what the caches already hold; at least one token must be prefilled
         cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
@@ -298,5 +305,5 @@ class Conversation:
             "seed": keys.seed if keys is not None else None,  # the seed actually used: an unseeded run can be redone
         }
         if ranks is not None:
-            stats.update(ranks.stats(), comm_ms=ranks.comm_ms - comm_before, agreement_checks=ranks.checks - checks_before)
+            stats.update(ranks.stats(), sync_ms=ranks.sync_ms - sync_before, agreement_checks=ranks.checks - checks_before)
         return Done(tokens=tokens, text=detok.text, finish_reason=finish, stats=stats)

@@ -57,6 +57,7 @@ class Diagnosis:
     draft_facts: Optional[DraftFacts] = None
     memory: Optional[Memory] = None
     wont_work: list[str] = field(default_factory=list)
+    distributed: Any = None  # RankFacts (engine/rank_diagnose.py) under doctor --distributed
 
     @property
     def hybrid(self) -> Optional[bool]:

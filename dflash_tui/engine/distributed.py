@@ -1,14 +1,16 @@
 """DFlash with the target sharded over several ranks by mlx-lm (`mx.distributed`).
 
 Every rank loads the target through `mlx_lm.utils.sharded_load` (tensor
-parallel: `Model.shard()`) and a full copy
-of the small draft, and runs the same decode loop. The sharded target's layer
+parallel: `Model.shard()`; pipeline parallel: `Model.model.pipeline()`, where
+`Target` gathers the captured layers from the stages holding them) and a full
+copy of the small draft, and runs the same decode loop. The sharded target's layer
 outputs are all-reduced inside mlx-lm's own layers ("sharded-to-all" linears),
 so the captured features are full hidden states on every rank; a vocab-sharded
 head is gathered in `Target.head`. So every rank makes the same accept
 decision, and `Ranks.agree` checks that it did: once per cycle an all_sum of
 (accepted, emitted tokens' digest); a rank whose values differ from the mean
-stops every rank with one error.
+stops every rank with one error. The same all_sum carries rank 0's "stop"
+(a cancelled request, a stop string): every rank stops after the same cycle.
 
 A rank that dies surfaces as a RuntimeError of the ring backend in the next
 collective; a rank that hangs (or a host that stops answering) would block the
@@ -31,7 +33,7 @@ import mlx.core as mx
 
 from dflash_tui.errors import UserError
 
-KINDS = ("tensor",)  # pipeline parallel (Model.model.pipeline()) is not supported yet: docs/distributed.md
+KINDS = ("tensor", "pipeline")  # mlx-lm's Model.shard() / Model.model.pipeline()
 DIGEST_MOD = 1_000_003  # keeps digest * ranks inside int32
 
 
@@ -62,8 +64,14 @@ class Ranks:
     kind: str = "tensor"
     timeout_s: float = 120.0
     checks: int = 0
-    comm_ms: float = 0.0  # total time of the agreement all_sums (one network round each)
+    # wall time of the agreement all_sums (one network round each, including the wait for the
+    # slowest rank); the sharded model's own all-reduces run inside its lazily evaluated forward
+    # and cannot be timed apart from its compute, so they are not in it
+    sync_ms: float = 0.0
     failed: bool = False  # set once this rank reports (or is stopped by) a failure
+    broken: Optional[str] = None  # why the ranks can no longer run in step (a failed collective mid-turn)
+    stop_agreed: bool = False  # rank 0 asked to stop, as of the last agreement check
+    _leader_stop: Callable[[], bool] = field(default=lambda: False, repr=False)
     _watchdog: Optional["Watchdog"] = field(default=None, repr=False)
 
     @property
@@ -84,20 +92,38 @@ class Ranks:
         return out.tolist()
 
     def agree(self, accepted: int, tokens: list[int]) -> None:
-        """All ranks must have accepted the same number of the same tokens."""
-        local = [accepted, len(tokens), digest(tokens)]
+        """All ranks must have accepted the same number of the same tokens; rank 0's stop rides along."""
+        stop = 1 if self.is_leader and self._leader_stop() else 0
+        local = [accepted, len(tokens), digest(tokens), stop]
         tic = time.perf_counter()
         try:
             total = self.all_sum(local)
         except RuntimeError as exc:
             raise rank_lost(exc) from None
-        self.comm_ms += (time.perf_counter() - tic) * 1e3
+        self.sync_ms += (time.perf_counter() - tic) * 1e3
         self.checks += 1
-        if total != [v * self.size for v in local]:
+        self.stop_agreed = total[3] > 0
+        if total[:3] != [v * self.size for v in local[:3]]:
             raise DistributedError(
                 f"the ranks disagree at check {self.checks + 1}: rank {self.rank} accepted {accepted} of "
                 f"{len(tokens)} tokens, the {self.size} ranks' sum is {total[0]}; stopping all ranks"
             )
+
+    def follow_stop(self, should_cancel: Callable[[], bool]) -> Callable[[], bool]:
+        """The turn's cancel check for every rank: rank 0's own `should_cancel`, as agreed at the
+        last check (a rank that stopped on its own would leave the others in a collective)."""
+        self._leader_stop = should_cancel if self.is_leader else (lambda: False)
+        self.stop_agreed = False
+        return lambda: self.stop_agreed
+
+    def leaders_values(self, values: dict[int, float]) -> dict[int, float]:
+        """Rank 0's measured values for every rank (the adaptive block sizer's costs are timed,
+        so each rank's differ; the ranks must choose the same block sizes)."""
+        keys = sorted(values)
+        mine = [float(values[k]) if self.is_leader else 0.0 for k in keys]
+        out = mx.distributed.all_sum(mx.array(mine, dtype=mx.float32), group=self.group, stream=mx.cpu)
+        mx.eval(out)
+        return dict(zip(keys, out.tolist()))
 
     def settle(self) -> None:
         """Wait for anything still running on mlx-lm's generation stream: its `stream_generate`
@@ -163,7 +189,11 @@ class Ranks:
             self._watchdog.pause()
 
     def stats(self) -> dict[str, Any]:
-        return {"ranks": self.size, "parallel": self.kind, "comm_ms": self.comm_ms, "agreement_checks": self.checks}
+        return {"ranks": self.size, "parallel": self.kind, "sync_ms": self.sync_ms, "agreement_checks": self.checks}
+
+    def info(self) -> dict[str, Any]:
+        """What a server tells its clients about the ranks."""
+        return {"ranks": self.size, "parallel": self.kind}
 
 
 def rank_lost(exc: BaseException) -> DistributedError:
@@ -209,7 +239,15 @@ def load_sharded(source: str, kind: str, group: Any, trust_remote_code: bool = F
     if kind not in KINDS:
         raise ValueError(f"unknown parallelism {kind!r}")
     try:
+        if kind == "pipeline":
+            return sharded_load(source, trust_remote_code=trust_remote_code, pipeline_group=group)
         return sharded_load(source, trust_remote_code=trust_remote_code, tensor_group=group)
+    except FileNotFoundError as exc:
+        if kind == "pipeline" and exc.filename and str(exc.filename).endswith(".index.json"):
+            msg = "pipeline parallel needs model.safetensors.index.json (mlx-lm reads it to pick each stage's files)"
+        else:
+            msg = str(exc).splitlines()[0]
+        raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None
     except (ValueError, AssertionError) as exc:  # "does not support tensor parallelism", heads not divisible...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"could not shard {source} over {group.size()} ranks ({kind} parallel): {msg}") from None

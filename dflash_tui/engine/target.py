@@ -97,12 +97,16 @@ class Target:
         self.lm = model.language_model if hasattr(model, "language_model") else model
         self.backbone = self.lm.model
         self.args = self.lm.args
-        self.layers = list(self.backbone.layers)
+        # under mlx-lm's pipeline parallel a rank holds layers [start_idx, end_idx) only: `layers` and
+        # the caches are this stage's; layer ids the draft reads stay global (`layer_offset`)
+        self.pipelined = getattr(self.backbone, "pipeline_size", 1) > 1
+        self.layers = list(self.backbone.pipeline_layers if self.pipelined else self.backbone.layers)
+        self.layer_offset = int(self.backbone.start_idx) if self.pipelined else 0
         self.capture_ids: list[int] = []
         self.hooked_ids: list[int] = []
         # Forwards of up to PIPELINE_TOKENS tokens start evaluating every `flush_every` layers, so
         # the device runs the first layers while Python still builds the rest (0 = never).
-        self.flush_every = default_flush_every(self.num_layers)
+        self.flush_every = default_flush_every(len(self.layers))
         self.attention_mode = "fused"
         mode = default_attention_mode()
         if mode != "fused":
@@ -130,7 +134,13 @@ class Target:
     # -- shape facts -------------------------------------------------------
     @property
     def num_layers(self) -> int:
-        return len(self.layers)
+        """The model's layers, all stages together."""
+        return int(self.args.num_hidden_layers) if self.pipelined else len(self.layers)
+
+    def _local(self, layer_id: int) -> Optional[int]:
+        """This stage's index of a global layer id, or None where another rank holds it."""
+        i = layer_id - self.layer_offset
+        return i if 0 <= i < len(self.layers) else None
 
     @property
     def hidden_size(self) -> int:
@@ -153,7 +163,8 @@ class Target:
         """Record the outputs of these layers on every forward from now on."""
         self.release_capture()
         self.capture_ids = sorted(layer_ids)
-        self.hooked_ids = sorted(set(self.capture_ids) | set(self._flush_ids()))
+        held = [i for i in map(self._local, self.capture_ids) if i is not None]
+        self.hooked_ids = sorted(set(held) | set(self._flush_ids()))
         for i in self.hooked_ids:
             layer = self.layers[i]
             layer.__class__ = _capturing_class(type(layer))
@@ -173,11 +184,12 @@ class Target:
 
     def _flush_ids(self) -> list[int]:
         k = self.flush_every
-        return list(range(k - 1, self.num_layers - 1, k)) if k > 0 else []
+        return list(range(k - 1, len(self.layers) - 1, k)) if k > 0 else []
 
     def _arm(self, sink: Optional[list], flush: bool = False) -> None:
-        for i in self.capture_ids:
-            object.__setattr__(self.layers[i], "_dflash_sink", sink)
+        for i in map(self._local, self.capture_ids):
+            if i is not None:
+                object.__setattr__(self.layers[i], "_dflash_sink", sink)
         for i in self._flush_ids():
             if i in self.hooked_ids:
                 object.__setattr__(self.layers[i], "_dflash_flush", flush)
@@ -213,10 +225,22 @@ class Target:
             h = self.backbone(tokens, cache)
         finally:
             self._arm(None)
-        feats = mx.concatenate(sink, axis=-1) if sink else None
+        if self.pipelined and self.capture_ids:
+            feats = self._gather_stages(sink, h)
+        else:
+            feats = mx.concatenate(sink, axis=-1) if sink else None
         if last_only:
             h = h[:, -1:]
         return self.head(h), feats
+
+    def _gather_stages(self, sink: list[mx.array], h: mx.array) -> mx.array:
+        """Every captured layer on every rank: each rank puts the layers it holds and zeros for the
+        others, one all_sum adds them up (x + 0 is exact). Made to depend on the backbone's output,
+        so it runs after the stage's send/recv and all_gather on every rank, never paired with them."""
+        held = iter(sink)
+        parts = [next(held) if self._local(g) is not None else mx.zeros(h.shape, h.dtype) for g in self.capture_ids]
+        feats = mx.depends(mx.concatenate(parts, axis=-1), h)
+        return mx.distributed.all_sum(feats)
 
     def make_cache(self) -> list[Any]:
         # sliding-window layers get a cache that rolls back exactly (window_cache.py)

@@ -105,7 +105,9 @@ def build_app(cfg: ServerConfig) -> Starlette:
 
     async def health(request: Request) -> Response:
         running, waiting = cfg.engine.counts()
-        return JSONResponse({"status": "ok", "model": cfg.model_id, "running": running, "waiting": waiting})
+        body = {"status": "ok", "model": cfg.model_id, "running": running, "waiting": waiting}
+        distributed = getattr(cfg.engine, "distributed", None)  # serve --distributed: {"ranks", "parallel"}
+        return JSONResponse({**body, "distributed": distributed} if distributed else body)
 
     async def models(request: Request) -> Response:
         if (r := refused(request)) is not None:
@@ -115,7 +117,8 @@ def build_app(cfg: ServerConfig) -> Starlette:
             "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens,
                        # decode tok/s on the probe's prompt after load (null: not measured): a remote TUI's baseline
                        "probe": {"target_alone_tps": cfg.engine.target_alone_tps,
-                                 "dflash_tps": cfg.engine.dflash_probe_tps}},
+                                 "dflash_tps": cfg.engine.dflash_probe_tps},
+                       **({"distributed": cfg.engine.distributed} if getattr(cfg.engine, "distributed", None) else {})},
         }]})
 
     async def metrics(request: Request) -> Response:

@@ -108,6 +108,8 @@ class MeterState:
     turns: list[float] = field(default_factory=list)  # decode tok/s of each finished turn
     live: deque = field(default_factory=deque)  # (tokens, seconds) of recent batches
     samples: deque = field(default_factory=lambda: deque(maxlen=SPARK_SAMPLES))
+    # a distributed engine's (ranks, parallelism, agreement-check ms per check) from its last Done
+    ranks: Optional[tuple[int, str, float]] = None
 
     @property
     def live_tps(self) -> Optional[float]:
@@ -213,6 +215,9 @@ class MeterState:
             self.peak_bytes = max(self.peak_bytes or 0, int(s["peak_memory"]))
         if self.turn_tps:
             self.turns.append(self.turn_tps)
+        if s.get("ranks"):
+            checks = s.get("agreement_checks") or 0
+            self.ranks = (int(s["ranks"]), str(s.get("parallel") or "?"), s.get("sync_ms", 0.0) / checks if checks else 0.0)
 
 
 # -- the widget --------------------------------------------------------------------------
@@ -438,6 +443,9 @@ class SystemMeter(Widget):
             t.append(" ← ", label)
             t.append(draft_label(s.target, s.draft) if s.draft else "no draft", value if s.draft else muted)
             t.append(" · " + (s.device or "—"), label)
+        if s.ranks:  # sync: the per-cycle agreement all_sum, not the sharded model's own all-reduces
+            n, kind, sync = s.ranks
+            t.append(f" · {n}×{kind}" if compact else f" · {n} ranks {kind} parallel · sync {sync:.2f} ms/cycle", label)
         self._settings_line(t, w, compact)
         return t
 
