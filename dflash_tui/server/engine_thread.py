@@ -186,7 +186,7 @@ class EngineThread:
         """The same measure as the TUI's probe (ui/worker.py): a warm-up, the target alone, then DFlash,
         greedy on one prompt; a figure from a reply that ended too soon to time stays None."""
         from dflash_tui.engine.conversation import GenerationSettings
-        from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
+        from dflash_tui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
 
         conv = self.conversation
         prompt = conv.prompt_tokens([{"role": "user", "content": PROBE_PROMPT}])

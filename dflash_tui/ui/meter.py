@@ -20,7 +20,7 @@ from textual.widgets import Sparkline
 
 from dflash_tui.engine.events import Block, Done, Prefill
 from dflash_tui.model_names import draft_label, model_label
-from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS
+from dflash_tui.figure_rules import MIN_TIMED_TOKENS
 from dflash_tui.ui.throttle import Throttle
 
 SPARK_SAMPLES = 90

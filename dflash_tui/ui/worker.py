@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from textual.message import Message
 
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
+from dflash_tui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
 
 FLUSH_INTERVAL_S = 0.2  # 5 repaints a second: live to the eye; faster starves the engine of the GIL
 STOP_TIMEOUT_S = 10.0  # a generation stops within a cycle; a load in progress cannot be interrupted
