@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
+from dflash_tui.commands.common import _block_size, add_draft_quant_argument, add_model_arguments, resolve_pair
 from dflash_tui.errors import UserError
 
 API_KEY_ENV = "DFLASH_TUI_API_KEY"
@@ -21,6 +21,7 @@ DEFAULT_MAX_QUEUE = 64
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_quant_argument(parser)
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -113,7 +114,7 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
 
     name = model_id(args, model)
     engine = EngineThread(model, draft, trust_remote_code=args.trust_remote_code, block_size=args.block_size,
-                          max_queue=args.max_queue)
+                          max_queue=args.max_queue, draft_quant=args.draft_quant or 0)
     print(f"dflash-tui serve: loading {name} ...", file=sys.stderr, flush=True)
     engine.start()
     try:

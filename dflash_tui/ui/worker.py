@@ -35,6 +35,7 @@ class Load:
     probe_tokens: int = 32
     system: Optional[str] = None
     block_size: Optional[Union[int, str]] = "auto"  # the DFlash probe's (None: the draft's own)
+    draft_quant: int = 0  # 4 or 8: the draft's linear layers quantized at load
 
 
 @dataclass
@@ -273,7 +274,8 @@ class EngineWorker:
         self.pair = self.conversation = self._loaded = None
         self._peak = 0
         try:
-            pair = load_located(files, trust_remote_code=req.trust_remote_code, progress=progress)
+            pair = load_located(files, trust_remote_code=req.trust_remote_code, progress=progress,
+                                draft_quant=req.draft_quant)
         except Exception as exc:  # corrupt weights, out of memory: back to the pair before, if there was one
             text = str(exc) if isinstance(exc, UserError) else (
                 f"out of memory while loading {req.model}" if isinstance(exc, MemoryError)
@@ -287,7 +289,8 @@ class EngineWorker:
         block = pair.draft.config.block_size if pair.draft is not None else 1
         no_draft = None if pair.draft is not None else choose_draft(req.model).reason
         self._post(msg.EngineReady(pair.target_name, pair.draft_name, device_name(), block,
-                                   _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft))
+                                   _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft,
+                                   draft_quant=pair.draft_quant))
         self._sample_memory()
         self._measure(req, block)
 
@@ -299,7 +302,7 @@ class EngineWorker:
         progress(f"that failed: reloading {previous.model}", 0.5)
         try:
             pair = load_pair(previous.model, previous.draft or None, trust_remote_code=previous.trust_remote_code,
-                             require_draft=False)
+                             require_draft=False, draft_quant=previous.draft_quant)
         except Exception:  # the files changed under us: nothing is loaded now
             return False
         self.pair, self._loaded = pair, previous
