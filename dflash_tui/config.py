@@ -36,6 +36,12 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else platformdirs.user_data_path(APP_NAME)
 
 
+def cache_dir() -> Path:
+    """`$DFLASH_TUI_CACHE_DIR`, else the platform's user cache dir (saved conversation caches live here)."""
+    env = os.environ.get("DFLASH_TUI_CACHE_DIR")
+    return Path(env).expanduser() if env else platformdirs.user_cache_path(APP_NAME)
+
+
 def config_path() -> Path:
     return config_dir() / "config.toml"
 
