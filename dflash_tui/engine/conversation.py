@@ -119,7 +119,12 @@ class Conversation:
 
     def save_caches(self) -> Optional[Path]:
         """Write the caches of the last turn to disk (with `saved` set); the file, or None."""
-        return self.saved.save(self.state) if self.saved is not None else None
+        if self.saved is None:
+            return None
+        # what any next turn of this conversation can reuse: the prefix its renderings all share
+        a, b = (self.prompt_tokens(self.messages + [{"role": "user", "content": text}]) for text in ("a", "b"))
+        stable = a[: common_prefix(a, b)]
+        return self.saved.save(self.state, reusable=common_prefix(self.state.tokens, stable))
 
     @property
     def eos_ids(self) -> set[int]:

@@ -55,6 +55,7 @@ class Entry:
     tokens: list[int]
     snapshots: list[int]  # lengths of a hybrid target's truncation points
     hybrid: bool
+    reusable: int  # how much of `tokens` a next turn of its conversation shares (the rest: the reply as generated)
 
     def usable(self, prompt: list[int]) -> int:
         """Tokens of `prompt` this file would spare from prefill (the engine prefills at least one)."""
@@ -157,6 +158,7 @@ class PromptCacheFiles:
             tokens = json.loads(meta["tokens"])
             snapshots = json.loads(meta.get("snapshots", "[]"))
             hybrid = meta.get("hybrid") == "1"
+            reusable = int(meta.get("reusable", "0"))
         except (KeyError, ValueError):
             return None
         vocab = self.pair.target.vocab_size
@@ -164,7 +166,7 @@ class PromptCacheFiles:
                 or not isinstance(snapshots, list) or not all(type(s) is int and 0 < s <= len(tokens) for s in snapshots)
                 or path.stem != tokens_key(self.key, tokens)):
             return None
-        return Entry(path, tokens, snapshots, hybrid)
+        return Entry(path, tokens, snapshots, hybrid, min(max(reusable, 0), len(tokens)))
 
     def best(self, prompt: list[int], already: int = 0) -> Optional[Entry]:
         """The file sparing the most prefill of `prompt`, if it spares MIN_GAIN tokens more than `already`."""
@@ -248,9 +250,11 @@ class PromptCacheFiles:
         state.pending = []
 
     # -- saving ----------------------------------------------------------------
-    def save(self, state: Any) -> Optional[Path]:
+    def save(self, state: Any, reusable: Optional[int] = None) -> Optional[Path]:
         """Write what `state` holds (the draft's pending features pushed in first); None when
-        nothing was written (caching off, nothing held, a class we cannot restore, no room)."""
+        nothing was written (caching off, nothing held, a class we cannot restore, no room).
+        `reusable`: how much of it a next turn of the conversation shares (default: all); a file
+        the new one holds that much of is dropped (its conversation goes on in the new one)."""
         if self.cap_bytes <= 0 or not state.tokens:
             return None
         state.flush_pending()
@@ -275,7 +279,7 @@ class PromptCacheFiles:
             self.dir.mkdir(parents=True, exist_ok=True)
             meta = {"format": FORMAT, "pair": self.key, "tokens": json.dumps(tokens), "hybrid": "1" if hybrid else "0",
                     "snapshots": json.dumps([s.length for s in snapshots]), "n_target": str(len(target)),
-                    "n_draft": str(len(draft))}
+                    "n_draft": str(len(draft)), "reusable": str(len(tokens) if reusable is None else reusable)}
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".writing-", suffix=SUFFIX)
             os.close(fd)
             try:
@@ -291,9 +295,9 @@ class PromptCacheFiles:
         return path
 
     def _drop_superseded(self, tokens: list[int], keep: Path) -> None:
-        """Files whose tokens the new one starts with: it spares at least as much."""
+        """Earlier turns of the same conversation: files whose reusable part the new one holds."""
         for e in self.entries():
-            if e.path != keep and len(e.tokens) < len(tokens) and tokens[: len(e.tokens)] == e.tokens:
+            if e.path != keep and len(e.tokens) <= len(tokens) and _common_prefix(e.tokens, tokens) >= max(e.reusable, 1):
                 e.path.unlink(missing_ok=True)
 
     def _evict(self, budget: int) -> None:

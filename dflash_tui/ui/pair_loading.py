@@ -48,7 +48,8 @@ class PairLoading:
         self._pending_load = PendingLoad(model, draft, remember, keep_chat)
         self.chat.show_loading(model)
         self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None,
-                                block_size=self.options.block_size or None, draft_quant=self.options.draft_quant))
+                                block_size=self.options.block_size or None, draft_quant=self.options.draft_quant,
+                                prompt_cache_bytes=int(self.options.prompt_cache_gb * 2**30)))
 
     @while_shown
     def on_engine_loading(self, message: msg.EngineLoading) -> None:
