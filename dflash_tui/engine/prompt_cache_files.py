@@ -201,9 +201,9 @@ class PromptCacheFiles:
             caches = _rebuild(arrays, meta)
             ours = own_metadata(meta)
             n_target, n_draft = int(ours["n_target"]), int(ours["n_draft"])
+            tmpl_target, tmpl_draft = self._templates()
         except Exception:  # corrupt, truncated, not ours: a cold prefill instead
             return None
-        tmpl_target, tmpl_draft = self._templates()
         linear = [i for i, c in enumerate(tmpl_target) if isinstance(c, ArraysCache)]
         n_snap = len(entry.snapshots)
         if len(caches) != n_target + n_draft + n_snap * len(linear) or n_target != len(tmpl_target) \
