@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import mlx.nn as nn
 import pytest
@@ -74,3 +75,25 @@ def test_config_key(tmp_path):
     path.write_text("draft_quant = 6\n")
     loaded = load_config(path)
     assert loaded.config.draft_quant == 0 and "draft_quant" in loaded.message
+
+
+@pytest.mark.anyio
+async def test_chat_flag_reaches_the_engine_load_request(monkeypatch, qwen3_dirs):
+    from dflash_tui import cli
+    from dflash_tui.commands import chat
+    from dflash_tui.ui import worker
+
+    apps = []
+    monkeypatch.setattr(chat, "run_to_the_end", lambda app, **kw: apps.append(app) or 0)
+    pair = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"])]
+    interval = sys.getswitchinterval()  # chat shortens it for the whole process
+    assert cli.main(["chat", *pair, "--draft-quant", "8"]) == 0
+    sys.setswitchinterval(interval)
+    (app,) = apps
+    requests = []
+    monkeypatch.setattr(app.engine, "submit", requests.append)  # what the engine would be asked to load
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+    loads = [r for r in requests if isinstance(r, worker.Load)]
+    assert loads and loads[0].draft_quant == 8
+    assert loads[0].prompt_cache_bytes == 2 * 2**30  # the default cap, 2 GB
