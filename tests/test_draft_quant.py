@@ -7,14 +7,14 @@ import sys
 
 import mlx.nn as nn
 import pytest
-
 from conftest import oracle_proposer, reference_tokens
-from dflash_tui.config import load_config
-from dflash_tui.engine.conversation import Conversation, GenerationSettings
-from dflash_tui.engine.loading import load_pair
 from families import BY_NAME
 from replicas import build_pair, build_tokenizer
 from test_cli_generate import cli, pair_args
+
+from dflash_tui.config import load_config
+from dflash_tui.engine.conversation import Conversation, GenerationSettings
+from dflash_tui.engine.loading import load_pair
 
 PROMPT = "Write a function that adds two numbers and explain it."
 

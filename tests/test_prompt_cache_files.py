@@ -9,15 +9,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache, save_prompt_cache
-
 from conftest import reference_tokens
+from families import BY_NAME
+from mlx_lm.models.cache import KVCache, save_prompt_cache
+from replicas import build_pair, build_tokenizer
+
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done, Prefill
 from dflash_tui.engine.loading import load_pair
 from dflash_tui.engine.prompt_cache_files import FORMAT, PromptCacheFiles, tokens_key
-from families import BY_NAME
-from replicas import build_pair, build_tokenizer
 
 SETTINGS = GenerationSettings(max_tokens=24, block_size=8)
 TURNS = ["Write a function that adds two numbers and explain it.", "Now the same for three numbers, please."]

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-
 from ui_support import install_placeholders
 
 install_placeholders()
 
-from dflash_tui.ui.sessions_screen import SessionsScreen  # noqa: E402
 from test_ui_app import SIZE, finish_turn, make_app, ready, send, wait_for  # noqa: E402
+
+from dflash_tui.ui.sessions_screen import SessionsScreen  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 

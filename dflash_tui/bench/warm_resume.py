@@ -113,7 +113,11 @@ def run(pair: Pair, texts: list[str], tokens: int, runs: int, root: Path) -> dic
 
 def main(argv: Optional[list[str]] = None) -> int:
     from dflash_tui.commands.bench import read_prompts
-    from dflash_tui.commands.common import add_draft_quant_argument, add_model_arguments, resolve_pair
+    from dflash_tui.commands.common import (
+        add_draft_quant_argument,
+        add_model_arguments,
+        resolve_pair,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_arguments(p)

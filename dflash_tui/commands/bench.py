@@ -6,7 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from dflash_tui.commands.common import _block_size, add_draft_quant_argument, add_model_arguments, resolve_pair
+from dflash_tui.commands.common import (
+    _block_size,
+    add_draft_quant_argument,
+    add_model_arguments,
+    resolve_pair,
+)
 from dflash_tui.errors import UserError
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
