@@ -209,3 +209,22 @@ def test_the_app_worker_saves_after_a_turn_and_a_restart_resumes_warm(qwen3_dirs
     prefill = next(m for m in second if isinstance(m, msg.TurnPrefill)).event
     assert prefill.cached_tokens > 0
     assert not [m for m in first + second if isinstance(m, (msg.TurnFailed, msg.EngineFailed))]
+
+
+def test_a_failed_write_leaves_no_file_and_one_notice(qwen3_pair, tmp_path, monkeypatch):
+    """A disk that fills up mid-write: MLX's writer fails; no half file stays, the chat goes on."""
+    from dflash_tui.engine import prompt_cache_files
+
+    def full_disk(path, caches, meta):
+        Path(path).write_bytes(b"\0" * 100)  # what was written before the disk filled
+        raise RuntimeError("[save_safetensors] Failed to write")
+
+    monkeypatch.setattr(prompt_cache_files, "save_prompt_cache", full_disk)
+    notices: list[str] = []
+    conv = Conversation(qwen3_pair)
+    conv.saved = PromptCacheFiles(qwen3_pair, tmp_path, notify=notices.append)
+    for text in TURNS:
+        turn(conv, text)
+        assert conv.save_caches() is None
+    assert len(notices) == 1 and "Failed to write" in notices[0]
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

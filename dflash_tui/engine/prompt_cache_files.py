@@ -288,8 +288,9 @@ class PromptCacheFiles:
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-        except OSError as exc:
-            self._tell(f"conversation cache not saved ({exc.strerror or exc}): {self.root}")
+        except (OSError, RuntimeError) as exc:  # MLX reports a failed write (a full disk) as a RuntimeError
+            why = getattr(exc, "strerror", None) or (str(exc).splitlines() or [type(exc).__name__])[0]
+            self._tell(f"conversation cache not saved ({why}): {self.root}")
             return None
         self._drop_superseded(tokens, path)
         return path
