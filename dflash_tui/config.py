@@ -36,6 +36,12 @@ def data_dir() -> Path:
     return Path(env).expanduser() if env else platformdirs.user_data_path(APP_NAME)
 
 
+def cache_dir() -> Path:
+    """`$DFLASH_TUI_CACHE_DIR`, else the platform's user cache dir (saved conversation caches live here)."""
+    env = os.environ.get("DFLASH_TUI_CACHE_DIR")
+    return Path(env).expanduser() if env else platformdirs.user_cache_path(APP_NAME)
+
+
 def config_path() -> Path:
     return config_dir() / "config.toml"
 
@@ -105,6 +111,13 @@ def _bool(v: Any) -> bool:
     raise BadValue(f"expected true or false, got {v!r}")
 
 
+def _draft_quant(v: Any) -> int:
+    v = _int(0, 8)(v)
+    if v not in (0, 4, 8):
+        raise BadValue(f"must be 0 (as shipped), 4 or 8 bits, got {v}")
+    return v
+
+
 def _seed(v: Any) -> int:
     return _int(-1, 2**31 - 1)(v)
 
@@ -123,6 +136,8 @@ VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "seed": _seed,
     "baseline_probe_tokens": _int(0, 1024),
     "trust_remote_code": _bool,
+    "draft_quant": _draft_quant,
+    "prompt_cache_gb": _float(0.0, 10_000.0),
     "remote": _str,
     "api_key": _str,
 }
@@ -143,6 +158,8 @@ class Config:
     seed: int = -1  # -1 = no fixed seed
     baseline_probe_tokens: int = 32  # a short target-only run after load measures the speedup; 0 = off
     trust_remote_code: bool = False
+    draft_quant: int = 0  # 4 or 8: the draft's linear layers quantized at load (0 = as shipped)
+    prompt_cache_gb: float = 2.0  # saved conversation caches on disk, oldest out past this (0 = none saved)
     remote: str = ""  # an OpenAI-compatible server's URL: the engine runs there ("" = here, on MLX)
     api_key: str = ""  # its key, if it wants one (never written to a session)
 

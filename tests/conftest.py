@@ -10,9 +10,10 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _isolated_user_dirs(tmp_path, monkeypatch):
-    """No test reads or writes the real config or sessions."""
+    """No test reads or writes the real config, sessions or saved caches."""
     monkeypatch.setenv("DFLASH_TUI_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("DFLASH_TUI_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DFLASH_TUI_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 

@@ -71,3 +71,33 @@ def test_exactness_counts_identical_replies_and_where_they_differ(qwen3_dirs, tm
     # and where two token lists part, it says at which token
     assert exactness.first_difference([1, 2, 3], [1, 2, 4]) == 2
     assert exactness.first_difference([1, 2], [1, 2, 3]) == 2 and exactness.first_difference([5], [5]) is None
+
+
+def test_draft_quant_bench_reports_each_width_and_identical_replies(qwen3_dirs, tmp_path, capsys):
+    from dflash_tui.bench import draft_quant
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("first request\nsecond request\n")
+    assert draft_quant.main(["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--prompts",
+                             str(prompts), "--max-tokens", "16", "--block-size", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["drafts"]) == ["none", "8-bit", "4-bit"] and report["prompts"] == 2
+    rows = report["drafts"]
+    for r in rows.values():
+        assert r["identical_replies"] == 2 and r["cycles"] > 0
+        assert 0 <= r["acceptance"] <= 1 and 1 <= r["tokens_per_cycle"] <= 4
+    # the weights really shrink: 4-bit under 8-bit under the bfloat16 draft
+    assert rows["4-bit"]["draft_weight_bytes"] < rows["8-bit"]["draft_weight_bytes"] < rows["none"]["draft_weight_bytes"]
+
+
+def test_warm_resume_bench_prefills_only_the_new_turn_warm(qwen3_dirs, capsys):
+    from dflash_tui.bench import warm_resume
+
+    assert warm_resume.main(["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
+                             "--tokens", "900", "--runs", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert 500 < report["prompt_tokens"] <= 900 + 60
+    assert report["prefilled_tokens"]["cold"] == report["prompt_tokens"]
+    assert 0 < report["prefilled_tokens"]["warm"] < report["prompt_tokens"] // 2
+    assert report["same_first_token"] is True and report["file_bytes"] > 0
+    assert report["ttft_cold_s"] > 0 and report["ttft_warm_s"] > 0

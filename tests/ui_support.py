@@ -215,6 +215,7 @@ class FakeConversation:
     def __init__(self, n: int, cycle_s: float):
         self.n, self.cycle_s = n, cycle_s
         self.messages = []
+        self.saved = None  # no caches on disk
 
     def generate(self, text, settings, should_cancel):
         from dflash_tui.engine.events import Block, Done, Prefill

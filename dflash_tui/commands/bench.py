@@ -6,7 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
+from dflash_tui.commands.common import (
+    _block_size,
+    add_draft_quant_argument,
+    add_model_arguments,
+    resolve_pair,
+)
 from dflash_tui.errors import UserError
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
@@ -14,6 +19,7 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_quant_argument(parser)
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", "-p", help="a user message (default: a short coding request)")
     src.add_argument("--prompts", type=Path, metavar="FILE", help="one user message per line, or JSONL with a 'prompt' field")
@@ -55,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--runs must be >= 1 and --max-tokens >= 2")
     texts = read_prompts(args)
     model, draft = resolve_pair(args)
-    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, draft_quant=args.draft_quant or 0)
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Optional
 
-from dflash_tui.commands.common import add_model_arguments
+from dflash_tui.commands.common import add_draft_quant_argument, add_model_arguments
 from dflash_tui.errors import UserError
 
 
@@ -23,6 +23,7 @@ DECODING_FLAGS: dict[str, str] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_quant_argument(parser)
     g = parser.add_argument_group("decoding (for this run; config.toml's values otherwise)")
     g.add_argument("--temp", "--temperature", dest="temp", metavar="T", help="sampling temperature; 0 = greedy")
     g.add_argument("--top-p", metavar="P", help="nucleus sampling: the top tokens up to probability P (1 = off)")
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     apply_flags(args, loaded.config)
     if args.system is not None:
         loaded.config.system = args.system
+    if getattr(args, "draft_quant", None) is not None:
+        loaded.config.draft_quant = args.draft_quant  # this run only
     if args.theme:
         loaded.config.theme = args.theme
     app = DFlashApp(

@@ -16,6 +16,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--trust-remote-code", action="store_true", help="allow model code shipped with a checkpoint to run")
 
 
+def add_draft_quant_argument(parser: argparse.ArgumentParser) -> None:
+    """--draft-quant, for the commands that load a draft."""
+    parser.add_argument("--draft-quant", type=_draft_quant, default=None, metavar="BITS",
+                        help="quantize the draft's linear layers to 4 or 8 bits at load (0: as shipped); "
+                             "output is unchanged, acceptance may drop")
+
+
+def _draft_quant(text: str) -> int:
+    if text.strip() not in ("0", "4", "8"):
+        raise argparse.ArgumentTypeError(f"draft quantization is 4 or 8 bits (0: none), not {text!r}")
+    return int(text)
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--max-tokens", type=int, default=512, metavar="N")

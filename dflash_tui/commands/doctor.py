@@ -115,6 +115,8 @@ def report_lines(diag: "Diagnosis") -> list[str]:
         c = d.config
         lines.append(f"         {c.num_hidden_layers} layers, block size {c.block_size}, "
                      f"reads target layers {c.target_layer_ids}, {d.params} parameters")
+        lines.append("         loaded in bfloat16; --draft-quant 4|8 (draft_quant in config.toml) quantizes its "
+                     "linear layers at load")
     lines.append(f"backend  {b.backend}" + (f" ({b.device})" if b.device else "")
                  + f"; attention: {b.attention}; kernels: {b.kernels}")
     if diag.distributed is not None:

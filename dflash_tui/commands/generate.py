@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from dflash_tui.commands.common import (
     add_distributed_arguments,
+    add_draft_quant_argument,
     add_model_arguments,
     add_sampling_arguments,
     ranks_from_args,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", metavar="PROMPT", help="the user message ('-' reads standard input)")
     add_model_arguments(parser)
+    add_draft_quant_argument(parser)
     add_sampling_arguments(parser)
     parser.add_argument("--baseline", action="store_true", help="target alone, no draft (for A/B)")
     parser.add_argument("--system-prompt", "--system", dest="system", metavar="S", help="a system message")
@@ -60,7 +62,8 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
         raise UserError("the prompt is empty")
     settings = settings_from_args(args, baseline=args.baseline)
     model, draft = resolve_pair(args)
-    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks)
+    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks,
+                     draft_quant=args.draft_quant or 0)
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
     if ranks is not None:
         conv.ranks = ranks

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from dflash_tui.commands.common import _block_size, add_distributed_arguments, add_model_arguments, resolve_pair
+from dflash_tui.commands.common import (_block_size, add_distributed_arguments, add_draft_quant_argument,
+                                        add_model_arguments, resolve_pair)
 from dflash_tui.errors import UserError
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ DEFAULT_MAX_QUEUE = 64
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
+    add_draft_quant_argument(parser)
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
@@ -126,12 +128,13 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
     name = model_id(args, model)
     if ranks is None:
         engine = EngineThread(model, draft, trust_remote_code=args.trust_remote_code, block_size=args.block_size,
-                              max_queue=args.max_queue)
+                              max_queue=args.max_queue, draft_quant=args.draft_quant or 0)
     else:
         from dflash_tui.server.ranked_engine import RankedEngineThread
 
         engine = RankedEngineThread(model, draft, ranks, trust_remote_code=args.trust_remote_code,
-                                    block_size=args.block_size, max_queue=args.max_queue)
+                                    block_size=args.block_size, max_queue=args.max_queue,
+                                    draft_quant=args.draft_quant or 0)
     print(f"dflash-tui serve: loading {name} ...", file=sys.stderr, flush=True)
     engine.start()
     try:

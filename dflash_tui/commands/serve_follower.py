@@ -22,7 +22,8 @@ def follow_rank_0(args: argparse.Namespace, ranks: Ranks) -> int:
 
     try:
         model, draft = resolve_pair(args)
-        pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=False, ranks=ranks)
+        pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=False, ranks=ranks,
+                         draft_quant=args.draft_quant or 0)  # the same draft on every rank: the same proposals
         conversation = Conversation(pair)
         conversation.ranks = ranks
         follow(conversation, Channel(ranks))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterator, Optional, Union
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import mlx.core as mx
 
@@ -18,6 +19,9 @@ from dflash_tui.engine.sampling import KeyStream, SamplingConfig, sample
 from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_logits
 from dflash_tui.engine.state import DecodeState
 from dflash_tui.errors import UserError
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.prompt_cache_files import PromptCacheFiles
 
 CancelFn = Callable[[], bool]
 
@@ -89,6 +93,8 @@ class Conversation:
         self.propose: Proposer = draft_logits  # swappable, e.g. for an oracle in tests
         self.ranks: Optional[Ranks] = None  # set when the target is sharded over ranks: every cycle is checked
         self._sizer: Optional[BlockSizer] = None
+        # saved caches on disk (engine/prompt_cache_files.py): a turn starts from one when it spares prefill
+        self.saved: Optional["PromptCacheFiles"] = None
         self.messages: list[dict[str, str]] = []
         self.system = system
         self.reset(system)
@@ -112,6 +118,15 @@ class Conversation:
         """(the block size the adaptive sizer will choose next, target-alone steps in a row), or
         None before an adaptive turn has made the sizer."""
         return (self._sizer.peek(), self._sizer.alone) if self._sizer is not None else None
+
+    def save_caches(self) -> Optional[Path]:
+        """Write the caches of the last turn to disk (with `saved` set); the file, or None."""
+        if self.saved is None:
+            return None
+        # what any next turn of this conversation can reuse: the prefix its renderings all share
+        a, b = (self.prompt_tokens(self.messages + [{"role": "user", "content": text}]) for text in ("a", "b"))
+        stable = a[: common_prefix(a, b)]
+        return self.saved.save(self.state, reusable=common_prefix(self.state.tokens, stable))
 
     @property
     def eos_ids(self) -> set[int]:
@@ -198,6 +213,8 @@ class Conversation:
             ranks.settle()
             should_cancel = ranks.follow_stop(should_cancel)  # every rank stops after the same cycle
 
+        if self.saved is not None and ranks is None:
+            self.saved.warm(state, prompt)  # a saved turn that holds more of this prompt than memory does
         # reuse what the caches already hold; at least one token must be prefilled
         cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
         logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk, should_cancel)

@@ -341,6 +341,12 @@ class DFlashDraft(nn.Module):
                                                         cfg.selector_top_k)
 
     @property
+    def dtype(self) -> mx.Dtype:
+        """The dtype the draft computes in (its norms', which stay as loaded when its linear layers
+        are quantized)."""
+        return self.hidden_norm.weight.dtype
+
+    @property
     def selects(self) -> bool:
         """A DFlash2 draft: its candidate selector, not its logits' argmax, picks the proposals."""
         return "candidate_selector" in self
@@ -372,7 +378,7 @@ class DFlashDraft(nn.Module):
 
     def fuse(self, features: mx.array) -> mx.array:
         """[B, L, k*H] concatenated target features -> [B, L, H] draft context."""
-        return self.hidden_norm(self.fc(features.astype(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(features.astype(self.dtype)))
 
     def append_context(self, features: mx.array, cache: list[KVCache]) -> None:
         """Push committed tokens' target features into the draft cache without drafting."""
@@ -383,7 +389,7 @@ class DFlashDraft(nn.Module):
     def block_input(self, block_embeds: mx.array) -> mx.array:
         """The target's raw embedding rows of the block -> the draft's input (the reference
         scales the rows by `input_embedding_scale` before the first layer)."""
-        h = block_embeds.astype(self.fc.weight.dtype)
+        h = block_embeds.astype(self.dtype)
         scale = self.config.input_embedding_scale
         return h * scale if scale != 1.0 else h
 

@@ -26,6 +26,7 @@ class Pair:
     draft: Optional[DFlashDraft]
     target_name: str
     draft_name: Optional[str]
+    draft_quant: int = 0  # bits of the draft's linear layers (0: as loaded)
 
 
 def _looks_like_repo_id(name: str) -> bool:
@@ -186,8 +187,9 @@ def _check_fit_from_files(target: Path, draft: Path) -> None:
 
 
 def load_located(files: PairFiles, trust_remote_code: bool = False, progress: Optional[ProgressFn] = None,
-                 draft_dtype: mx.Dtype = mx.bfloat16, ranks: Optional["Ranks"] = None) -> Pair:
-    """Load what `locate_pair` found."""
+                 draft_dtype: mx.Dtype = mx.bfloat16, ranks: Optional["Ranks"] = None, draft_quant: int = 0) -> Pair:
+    """Load what `locate_pair` found; `draft_quant` 4 or 8 quantizes the draft's linear layers
+    (engine/draft_quant.py)."""
     report = progress or (lambda stage, frac: None)
     report("loading target", 0.5)
     target = load_target(files.model, trust_remote_code=trust_remote_code, progress=progress, source=files.target,
@@ -197,9 +199,14 @@ def load_located(files: PairFiles, trust_remote_code: bool = False, progress: Op
         report("loading draft", 0.9)
         dmodel = load_draft(files.draft, dtype=draft_dtype)
         check_fit(target, dmodel)
+        if draft_quant:
+            from dflash_tui.engine.draft_quant import quantize_draft
+
+            quantize_draft(dmodel, draft_quant)
         target.set_capture(dmodel.config.target_layer_ids)
     report("ready", 1.0)
-    return Pair(target=target, draft=dmodel, target_name=files.model, draft_name=files.draft_name)
+    return Pair(target=target, draft=dmodel, target_name=files.model, draft_name=files.draft_name,
+                draft_quant=draft_quant if dmodel is not None else 0)
 
 
 def load_pair(
@@ -210,7 +217,8 @@ def load_pair(
     draft_dtype: mx.Dtype = mx.bfloat16,
     require_draft: bool = True,
     ranks: Optional["Ranks"] = None,
+    draft_quant: int = 0,
 ) -> Pair:
     """Load target and draft for inference; `draft=None` looks the target up in the registry."""
     files = locate_pair(model, draft, progress, require_draft)
-    return load_located(files, trust_remote_code, progress, draft_dtype, ranks=ranks)
+    return load_located(files, trust_remote_code, progress, draft_dtype, ranks=ranks, draft_quant=draft_quant)

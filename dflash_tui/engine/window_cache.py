@@ -85,8 +85,16 @@ class WindowKVCache(RotatingKVCache):
         return n
 
     @property
-    def state(self) -> tuple[mx.array, mx.array]:
-        return self.keys[..., : self._n, :], self.values[..., : self._n, :]
+    def state(self) -> tuple[Any, ...]:
+        """What it holds, complete enough for `from_state` (so it round-trips through mlx-lm's
+        prompt-cache files): the kept keys and values, then offset, window and history."""
+        return self.keys[..., : self._n, :], self.values[..., : self._n, :], self.offset, self.max_size, self.history
+
+    @state.setter
+    def state(self, v: tuple[Any, ...]) -> None:
+        self.keys, self.values, self.offset, self.max_size, self.history = v
+        self._n = 0 if self.keys is None else self.keys.shape[2]
+        self.keep, self._idx = 0, 0
 
     def size(self) -> int:
         return min(self.offset, self.max_size)

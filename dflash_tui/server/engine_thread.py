@@ -62,8 +62,9 @@ class Job:
 class EngineThread:
     def __init__(self, model: str, draft: Optional[str], *, trust_remote_code: bool = False,
                  block_size: Union[int, str, None] = None, max_queue: int = 64,
-                 probe_tokens: int = PROBE_TOKENS) -> None:
+                 probe_tokens: int = PROBE_TOKENS, draft_quant: int = 0) -> None:
         self.model, self.draft = model, draft
+        self.draft_quant = draft_quant
         self.trust_remote_code = trust_remote_code
         self.block_size = block_size
         self.max_queue = max_queue
@@ -170,7 +171,8 @@ class EngineThread:
         from dflash_tui.engine.conversation import Conversation
         from dflash_tui.engine.loading import load_pair
 
-        pair = load_pair(self.model, self.draft, trust_remote_code=self.trust_remote_code, require_draft=False)
+        pair = load_pair(self.model, self.draft, trust_remote_code=self.trust_remote_code, require_draft=False,
+                         draft_quant=self.draft_quant)
         self.conversation = Conversation(pair)
         if pair.draft is not None:
             self.num_spec_tokens = pair.draft.config.block_size - 1

@@ -19,8 +19,9 @@ from dflash_tui.server.engine_thread import END, EngineThread
 
 class RankedEngineThread(EngineThread):
     def __init__(self, model: str, draft: Optional[str], ranks: Ranks, *, trust_remote_code: bool = False,
-                 block_size: Union[int, str, None] = None, max_queue: int = 64) -> None:
-        super().__init__(model, draft, trust_remote_code=trust_remote_code, block_size=block_size, max_queue=max_queue)
+                 block_size: Union[int, str, None] = None, max_queue: int = 64, draft_quant: int = 0) -> None:
+        super().__init__(model, draft, trust_remote_code=trust_remote_code, block_size=block_size, max_queue=max_queue,
+                         draft_quant=draft_quant)
         from dflash_tui.engine.rank_channel import Channel
 
         self.ranks = ranks
@@ -47,7 +48,7 @@ class RankedEngineThread(EngineThread):
         from dflash_tui.engine.loading import load_pair
 
         pair = load_pair(self.model, self.draft, trust_remote_code=self.trust_remote_code, require_draft=False,
-                         ranks=self.ranks)
+                         ranks=self.ranks, draft_quant=self.draft_quant)
         self.conversation = Conversation(pair)
         self.conversation.ranks = self.ranks
         if pair.draft is not None:

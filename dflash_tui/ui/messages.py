@@ -24,8 +24,9 @@ class EngineLoading(Message):
 class EngineReady(Message):
     def __init__(self, target: str, draft: Optional[str], device: str, block_size: int,
                  decoder: Callable[[int], str], seconds: float, no_draft: Optional[str] = None,
-                 server: Any = None) -> None:
+                 server: Any = None, draft_quant: int = 0) -> None:
         super().__init__()
+        self.draft_quant = draft_quant  # bits of the draft's linear layers (0: as shipped)
         self.server = server  # a remote engine's ServerInfo (remote/client.py); None for the local one
         self.target = target
         self.draft = draft

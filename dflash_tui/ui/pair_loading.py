@@ -48,7 +48,8 @@ class PairLoading:
         self._pending_load = PendingLoad(model, draft, remember, keep_chat)
         self.chat.show_loading(model)
         self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None,
-                                block_size=self.options.block_size or None))
+                                block_size=self.options.block_size or None, draft_quant=self.options.draft_quant,
+                                prompt_cache_bytes=int(self.options.prompt_cache_gb * 2**30)))
 
     @while_shown
     def on_engine_loading(self, message: msg.EngineLoading) -> None:
@@ -88,6 +89,8 @@ class PairLoading:
         elif message.draft:
             draft = draft_label(message.target, message.draft)
             draft = draft if draft == "its draft" else f"draft {draft}"
+            if message.draft_quant:
+                draft += f" ({message.draft_quant}-bit linear layers)"
             self.chat.add_note(f"Loaded {target} with {draft} in {message.seconds:.1f} s.")
         else:
             self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "

@@ -34,6 +34,8 @@ class Load:
     probe_tokens: int = 32
     system: Optional[str] = None
     block_size: Optional[Union[int, str]] = "auto"  # the DFlash probe's (None: the draft's own)
+    draft_quant: int = 0  # 4 or 8: the draft's linear layers quantized at load
+    prompt_cache_bytes: int = 0  # cap of the saved conversation caches on disk (0: none saved or read)
 
 
 @dataclass
@@ -272,7 +274,8 @@ class EngineWorker:
         self.pair = self.conversation = self._loaded = None
         self._peak = 0
         try:
-            pair = load_located(files, trust_remote_code=req.trust_remote_code, progress=progress)
+            pair = load_located(files, trust_remote_code=req.trust_remote_code, progress=progress,
+                                draft_quant=req.draft_quant)
         except Exception as exc:  # corrupt weights, out of memory: back to the pair before, if there was one
             text = str(exc) if isinstance(exc, UserError) else (
                 f"out of memory while loading {req.model}" if isinstance(exc, MemoryError)
@@ -282,11 +285,13 @@ class EngineWorker:
             return
         self.pair, self._loaded = pair, req
         self.conversation = Conversation(pair, system=req.system or None)
+        self._attach_saved(req)
         tokenizer = pair.target.tokenizer
         block = pair.draft.config.block_size if pair.draft is not None else 1
         no_draft = None if pair.draft is not None else choose_draft(req.model).reason
         self._post(msg.EngineReady(pair.target_name, pair.draft_name, device_name(), block,
-                                   _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft))
+                                   _decoder(tokenizer), time.perf_counter() - tic, no_draft=no_draft,
+                                   draft_quant=pair.draft_quant))
         self._sample_memory()
         self._measure(req, block)
 
@@ -298,16 +303,40 @@ class EngineWorker:
         progress(f"that failed: reloading {previous.model}", 0.5)
         try:
             pair = load_pair(previous.model, previous.draft or None, trust_remote_code=previous.trust_remote_code,
-                             require_draft=False)
+                             require_draft=False, draft_quant=previous.draft_quant)
         except Exception:  # the files changed under us: nothing is loaded now
             return False
         self.pair, self._loaded = pair, previous
         self.conversation = Conversation(pair)
+        self._attach_saved(previous)
         self.conversation.messages = messages
         self.conversation.system = next((m["content"] for m in messages if m["role"] == "system"), None)
         if pair.draft is not None and previous.probe_tokens > 0:
             self._measure_costs(pair.draft.config.block_size)
         return True
+
+    def _attach_saved(self, req: Load) -> None:
+        """Saved conversation caches on disk for this pair (engine/prompt_cache_files.py), if wanted."""
+        if req.prompt_cache_bytes <= 0:
+            return
+        from dflash_tui.config import cache_dir
+        from dflash_tui.engine.prompt_cache_files import PromptCacheFiles
+
+        try:
+            self.conversation.saved = PromptCacheFiles(self.pair, cache_dir() / "prompt-caches", req.prompt_cache_bytes,
+                                                       notify=lambda text: self._post(msg.EngineNotice(text, "warning")))
+        except Exception as exc:  # the pair works without them
+            self._post(msg.EngineNotice(f"saved conversation caches off: {_first_line(exc)}", "warning"))
+
+    def _save_caches(self) -> None:
+        """After a turn, while the user reads it: its caches to disk, for a later reopening."""
+        conv = self.conversation
+        if conv is None or conv.saved is None:
+            return
+        try:
+            conv.save_caches()
+        except Exception as exc:  # never the turn's problem
+            self._post(msg.EngineNotice(f"conversation cache not saved: {_first_line(exc)}", "warning"))
 
     def _measure(self, req: Load, block: int) -> None:
         """After a load: the target alone's speed, the block sizes' cost curve, then DFlash's speed on the
@@ -392,6 +421,7 @@ class EngineWorker:
                 self._post(msg.SizerPlan(*plan))
 
         self._pump(req.turn_id, events, lambda: [dict(m) for m in conv.messages], tell_plan)
+        self._save_caches()
 
     def _pump(self, turn_id: int, events: Iterable[Any], messages: Callable[[], list[dict[str, str]]],
               after_batch: Callable[[], None] = lambda: None) -> None:
