@@ -60,6 +60,14 @@ def context_length(target: Any) -> Optional[int]:
     return None
 
 
+def exact_reuse(state: DecodeState) -> int:
+    """How much of its caches a turn may reuse and still equal a fresh mlx-lm run over the whole
+    conversation: all of them, except behind a sliding window, whose one-token steps see their
+    keys in ring order where a prefill sees them in time order (window_cache.py), so rows from
+    steps and verifies are computed afresh."""
+    return state.prefilled if state.target.windowed else len(state.tokens)
+
+
 def _stopped_stats(use_draft: bool, prompt: list[int], cached: int, prefill_s: float) -> dict[str, Any]:
     """The figures of a turn stopped during its prefill: nothing generated."""
     zero = ("generated_tokens", "decode_s", "decode_tps", "cycles", "tokens_per_cycle", "acceptance", "draft_ms",
@@ -216,7 +224,7 @@ class Conversation:
         if self.saved is not None and ranks is None:
             self.saved.warm(state, prompt)  # a saved turn that holds more of this prompt than memory does
         # reuse what the caches already hold; at least one token must be prefilled
-        cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1))
+        cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1, exact_reuse(state)))
         logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk, should_cancel)
         yield Prefill(prompt_tokens=len(prompt), cached_tokens=cached, seconds=prefill_s)
         if logits is None:  # stopped between prefill chunks: no reply; the caches keep what was prefilled

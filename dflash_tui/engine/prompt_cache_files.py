@@ -56,6 +56,7 @@ class Entry:
     snapshots: list[int]  # lengths of a hybrid target's truncation points
     hybrid: bool
     reusable: int  # how much of `tokens` a next turn of its conversation shares (the rest: the reply as generated)
+    prefilled: int = 0  # leading tokens whose rows a prefill computed (DecodeState.prefilled)
 
     def usable(self, prompt: list[int]) -> int:
         """Tokens of `prompt` this file would spare from prefill (the engine prefills at least one)."""
@@ -159,6 +160,7 @@ class PromptCacheFiles:
             snapshots = json.loads(meta.get("snapshots", "[]"))
             hybrid = meta.get("hybrid") == "1"
             reusable = int(meta.get("reusable", "0"))
+            prefilled = int(meta.get("prefilled", "0"))
         except (KeyError, ValueError):
             return None
         vocab = self.pair.target.vocab_size
@@ -166,11 +168,13 @@ class PromptCacheFiles:
                 or not isinstance(snapshots, list) or not all(type(s) is int and 0 < s <= len(tokens) for s in snapshots)
                 or path.stem != tokens_key(self.key, tokens)):
             return None
-        return Entry(path, tokens, snapshots, hybrid, min(max(reusable, 0), len(tokens)))
+        return Entry(path, tokens, snapshots, hybrid, min(max(reusable, 0), len(tokens)),
+                     min(max(prefilled, 0), len(tokens)))
 
     def best(self, prompt: list[int], already: int = 0) -> Optional[Entry]:
         """The file sparing the most prefill of `prompt`, if it spares MIN_GAIN tokens more than `already`."""
-        scored = [(e.usable(prompt), e) for e in self.entries()]
+        windowed = getattr(self.pair.target, "windowed", False)  # only prefilled rows are exact there
+        scored = [(min(e.usable(prompt), e.prefilled) if windowed else e.usable(prompt), e) for e in self.entries()]
         scored = [(n, e) for n, e in scored if n >= already + MIN_GAIN]
         return max(scored, key=lambda s: s[0])[1] if scored else None
 
@@ -178,7 +182,8 @@ class PromptCacheFiles:
     def warm(self, state: Any, prompt: list[int]) -> int:
         """Put the saved caches that spare the most of `prompt`'s prefill into `state`, when they
         spare more than what `state` already holds; returns the tokens now held (0: nothing loaded)."""
-        in_memory = min(_common_prefix(state.tokens, prompt), len(prompt) - 1)
+        in_memory = min(_common_prefix(state.tokens, prompt), len(prompt) - 1,
+                        state.prefilled if getattr(state.target, "windowed", False) else len(state.tokens))
         entry = self.best(prompt, already=in_memory)
         if entry is None:
             return 0
@@ -246,6 +251,7 @@ class PromptCacheFiles:
         state.target_cache = target
         state.draft_cache = draft if state.draft is not None else None
         state.tokens = list(entry.tokens)
+        state.prefilled = entry.prefilled
         state.draft_len = n if state.draft is not None else 0
         state.pending = []
 
@@ -279,7 +285,8 @@ class PromptCacheFiles:
             self.dir.mkdir(parents=True, exist_ok=True)
             meta = {"format": FORMAT, "pair": self.key, "tokens": json.dumps(tokens), "hybrid": "1" if hybrid else "0",
                     "snapshots": json.dumps([s.length for s in snapshots]), "n_target": str(len(target)),
-                    "n_draft": str(len(draft)), "reusable": str(len(tokens) if reusable is None else reusable)}
+                    "n_draft": str(len(draft)), "reusable": str(len(tokens) if reusable is None else reusable),
+                    "prefilled": str(state.prefilled)}
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".writing-", suffix=SUFFIX)
             os.close(fd)
             try:

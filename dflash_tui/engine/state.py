@@ -28,6 +28,9 @@ class DecodeState:
         self.target_cache = self.target.make_cache()
         self.draft_cache = self.draft.make_cache() if self.draft is not None else None
         self.tokens: list[int] = []
+        # leading tokens whose cache rows a prefill computed, as a fresh mlx-lm run over a longer
+        # prompt computes them too (the rest came from one-token steps and verifies)
+        self.prefilled = 0
         self.draft_len = 0
         self.pending: list[mx.array] = []
 
@@ -61,6 +64,7 @@ class DecodeState:
             self.reset()
             return 0
         self.tokens = self.tokens[:kept]
+        self.prefilled = min(self.prefilled, kept)
         if self.draft is not None:
             if self.draft_len > kept:
                 for c in self.draft_cache:
@@ -83,15 +87,22 @@ class DecodeState:
         tic = time.perf_counter()
         self.flush_pending()
         logits = None
-        for start in range(0, len(new_tokens), chunk):
-            if start and should_cancel is not None and should_cancel():
+        total = len(self.tokens) + len(new_tokens)
+        self.target.start_generation(self.target_cache, total)
+        # as mlx-lm's generate_step: the prompt but its last token in chunks, then that token alone (the
+        # first one-token step, which a sliding window's ring starts from)
+        body = len(new_tokens) - 1
+        pieces = [new_tokens[a : min(a + chunk, body)] for a in range(0, body, chunk)] + [new_tokens[body:]]
+        for i, piece in enumerate(pieces):
+            if i and should_cancel is not None and should_cancel():
                 return None, time.perf_counter() - tic
-            piece = new_tokens[start : start + chunk]
             logits, feats = self.target.forward(mx.array(piece)[None], self.target_cache, last_only=True)
             if self.draft is not None and feats is not None:
                 self.draft.append_context(feats, self.draft_cache)
                 self.draft_len += len(piece)
             mx.eval(logits, [c.state for c in self.target_cache], self._draft_state())
+            if len(piece) > 1:
+                self.prefilled = len(self.tokens) + len(piece)
             self.tokens.extend(piece)
         assert logits is not None, "prefill needs at least one token"
         return logits[0, -1], time.perf_counter() - tic

@@ -40,6 +40,9 @@ def _verify_sdpa(original, mode: str):
     """mlx-lm's `scaled_dot_product_attention`, with multi-query causal calls run in `mode`."""
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if isinstance(cache, WindowKVCache) and cache.step_rows is not None:  # a verify over a sliding window
+            return cache.step_rows_attention(
+                lambda q, k, v, **kw: original(q, k, v, cache=cache, **kw), queries, scale, sinks)
         if queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") or not (mask is None or mask == "causal"):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         out = multi_query_attention(mode, queries, keys, values, scale, causal=mask == "causal")
@@ -108,8 +111,10 @@ class Target:
         # the device runs the first layers while Python still builds the rest (0 = never).
         self.flush_every = default_flush_every(len(self.layers))
         self.attention_mode = "fused"
+        # sliding-window layers (gpt-oss, Gemma 4): a verify's rows attend as one-token steps (window_cache.py)
+        self.windowed = any(WindowKVCache.replaces(c) for c in make_prompt_cache(model))
         mode = default_attention_mode()
-        if mode != "fused":
+        if mode != "fused" or self.windowed:
             self.use_attention(mode)
 
     def use_attention(self, mode: str) -> int:
@@ -124,7 +129,7 @@ class Target:
             if attn is None:
                 continue
             base = getattr(type(attn), "_dflash_base", type(attn))
-            cls = base if mode == "fused" else _sdpa_class(base, mode)
+            cls = base if mode == "fused" and not self.windowed else _sdpa_class(base, mode)
             if cls is not None:
                 attn.__class__ = cls
                 n += cls is not base
@@ -248,7 +253,18 @@ class Target:
 
     # -- rollback ----------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
-        """Called before a verify forward; hybrid targets start recording here."""
+        """Called before a verify forward; hybrid targets start recording here, sliding windows
+        compute its rows as one-token steps."""
+        for c in cache:
+            if isinstance(c, WindowKVCache):
+                c.rows_as_steps = True
+
+    def start_generation(self, cache: list[Any], prompt_len: int) -> None:
+        """A generation from a `prompt_len`-token prompt begins (sliding windows order their keys as
+        mlx-lm's ring does for it)."""
+        for c in cache:
+            if isinstance(c, WindowKVCache):
+                c.start_generation(prompt_len)
 
     def rollback(self, cache: list[Any], keep: int, block_len: int) -> None:
         """After verifying `block_len` tokens, keep only the first `keep` of them."""
