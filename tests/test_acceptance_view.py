@@ -174,3 +174,16 @@ def test_the_legend_swatches_stand_apart():
     assert all(legend.plain[a] == " " and legend.plain[b - 1] == " " for a, b in coloured)
     spans = sorted((s.start, s.end) for s in legend.spans)
     assert all(a2 > b1 for (_, b1), (a2, _) in zip(spans, spans[1:]))
+
+
+async def test_the_cycle_count_reads_as_words():
+    app = PanesApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        view = app.query_one(AcceptanceView)
+        view.add_blocks([Block(1, [1, 2, 3], 2, [1, 2, 3], "x")])
+        await pilot.pause()
+        first_line = str(view.figures.render()).splitlines()[0]
+        assert first_line.endswith("accepted  1 cycle"), first_line
+        view.add_blocks([Block(2, [1, 2, 3], 1, [1, 2], "x")])
+        await pilot.pause()
+        assert "2 cycles" in str(view.figures.render())

@@ -147,7 +147,7 @@ async def test_when_the_sizer_runs_the_target_alone_the_pane_and_the_meter_say_s
         assert sum(1 for b in blocks if b.index > 0 and not b.drafted) >= 12  # the target stepped alone
         assert app.acceptance.note.display
         assert "drafting does not pay here: target alone, re-checking every 12 steps" in str(app.acceptance.note.render())
-        assert "B auto (next 1: alone)" in _body(app), _body(app)  # the compact meter at 120 columns
+        assert "B auto→1 alone · greedy · ≤20" in _body(app), _body(app)  # the compact meter at 120 columns
 
 
 async def test_the_copy_toast_says_where_the_text_went():

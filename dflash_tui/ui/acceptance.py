@@ -206,7 +206,7 @@ class AcceptanceFigures(Widget):
         text.append(f"{100 * acc:.0f}%" if acc is not None else "—", value)
         text.append(" accepted  " if not narrow else " acc ", label)
         text.append(str(s.cycles), value)
-        text.append(" cycles" if not narrow else " cyc", label)
+        text.append((" cycle" if s.cycles == 1 else " cycles") if not narrow else " cyc", label)
         if s.target_steps and not narrow:
             text.append(f"  +{s.target_steps} target-only", label)
         text.append("\n")

@@ -475,8 +475,10 @@ class SystemMeter(Widget):
                 # the engine's next choice where it says; else the size of the last cycle
                 size, word = (s.next_block, "next") if s.next_block else (s.last_block, "now")
                 size = min(size, top) if top else size
-                alone = ": alone)" if compact else ": target alone)"
-                t.append(f" ({word} {size}" + (alone if size == 1 else ")"), label)
+                if compact:  # narrow: "auto→N", the settings line must still show sampling and max
+                    t.append(f"→{size}" + (" alone" if size == 1 else ""), label)
+                else:
+                    t.append(f" ({word} {size}" + (": target alone)" if size == 1 else ")"), label)
             elif block == 1:
                 t.append(" (target only)", label)
         t.append(" · ", label)
