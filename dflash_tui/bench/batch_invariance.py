@@ -121,8 +121,11 @@ def per_query_sdpa(original: Callable) -> Callable:
         if n == 1 or mask != "causal" or sinks is not None:
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         s = keys.shape[2]
-        outs = [original(queries[:, :, i : i + 1], keys[:, :, : s - n + i + 1], values[:, :, : s - n + i + 1],
-                         cache=cache, scale=scale, mask=None) for i in range(n)]
+        by_token = queries.transpose(0, 2, 1, 3)
+        # each query laid out as a decode step's is ([B, 1, H, D] contiguous, seen as [B, H, 1, D]):
+        # MLX CUDA picks its attention kernel by the arrays' strides too
+        outs = [original(mx.contiguous(by_token[:, i : i + 1]).transpose(0, 2, 1, 3), keys[:, :, : s - n + i + 1],
+                         values[:, :, : s - n + i + 1], cache=cache, scale=scale, mask=None) for i in range(n)]
         return mx.concatenate(outs, axis=2)
 
     return sdpa
@@ -192,7 +195,7 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtyp
     shape = lambda h, t: (1, h, t, head_dim)  # noqa: E731
     k_all = mx.random.normal(shape(kv_heads, context + ROWS)).astype(dtype)
     v_all = mx.random.normal(shape(kv_heads, context + ROWS)).astype(dtype)
-    q = mx.random.normal(shape(heads, ROWS)).astype(dtype)
+    q = mx.random.normal((1, ROWS, heads, head_dim)).astype(dtype).transpose(0, 2, 1, 3)  # as mlx-lm lays it out
     scale = head_dim ** -0.5
     step_cache, block_cache = KVCache(), KVCache()
     for c in (step_cache, block_cache):
@@ -202,7 +205,8 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtyp
     for i in range(ROWS):
         keys, values = step_cache.update_and_fetch(k_all[:, :, context + i : context + i + 1],
                                                    v_all[:, :, context + i : context + i + 1])
-        steps.append(mx.fast.scaled_dot_product_attention(q[:, :, i : i + 1], keys, values, scale=scale, mask=None))
+        q_step = mx.contiguous(q.transpose(0, 2, 1, 3)[:, i : i + 1]).transpose(0, 2, 1, 3)
+        steps.append(mx.fast.scaled_dot_product_attention(q_step, keys, values, scale=scale, mask=None))
         mx.eval(steps[-1])
     steps = mx.concatenate(steps, axis=2).transpose(0, 2, 1, 3)
     keys, values = block_cache.update_and_fetch(k_all[:, :, context:], v_all[:, :, context:])
@@ -211,7 +215,13 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtyp
     per_query = per_query_sdpa(lambda *a, **kw: mx.fast.scaled_dot_product_attention(
         a[0], a[1], a[2], scale=kw["scale"], mask=kw["mask"]))
     split = per_query(q, keys, values, None, scale, "causal").transpose(0, 2, 1, 3)
-    return {"part": "attention", "context": context,
+    # as inside a model: the verify's keys are the cache update of the same graph, not evaluated first
+    lazy_cache = KVCache()
+    lazy_cache.update_and_fetch(k_all[:, :, :context], v_all[:, :, :context])
+    mx.eval(lazy_cache.keys)
+    lazy_keys, lazy_values = lazy_cache.update_and_fetch(k_all[:, :, context:] * 1, v_all[:, :, context:] * 1)
+    lazy = per_query(q * 1, lazy_keys, lazy_values, None, scale, "causal").transpose(0, 2, 1, 3)
+    return {"part": "attention", "context": context, "per_query_in_graph_equal_rows": _rows_equal(lazy, steps)[0],
             "fused_equal_rows": _rows_equal(fused, steps)[0], "per_query_equal_rows": _rows_equal(split, steps)[0],
             "per_query_max_diff": _rows_equal(split, steps)[1],
             "fused_ms": _timed(lambda: mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal")),
@@ -274,24 +284,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=[s for s in SHAPES if SHAPES[s]["kind"] == "qwen3"], default="tiny")
     p.add_argument("--context", type=int, nargs="+", default=[100])
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--parts", nargs="+", choices=["linear", "attention", "row-ops", "model"],
+                   default=["linear", "attention", "row-ops", "model"])
     args = p.parse_args(argv)
     dtype = getattr(mx, args.dtype)
     spec = SHAPES[args.shape]
     d = spec["dims"]
     rows: list[dict[str, Any]] = []
-    for k, n in ((d["hidden"], d["heads"] * d["head_dim"]), (d["hidden"], d["intermediate"]),
-                 (d["intermediate"], d["hidden"]), (d["hidden"], spec["vocab"])):
-        rows.append(check_linear(k, n, dtype))
-    rows.append(check_quantized_linear(d["hidden"], d["intermediate"], dtype))
-    for c in args.context:
-        rows.append(check_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype))
-    rows.append(check_row_ops(d["hidden"], d["heads"], d["head_dim"], dtype))
-    model = rp.build_model(rp.qwen3_config(spec["vocab"], **d), seed=0, dtype=dtype)
-    for c in args.context:
-        rows.append(check_model(model, spec["vocab"], c, candidates=False))
-    swap_in_candidates(model)
-    for c in args.context:
-        rows.append(check_model(model, spec["vocab"], c, candidates=True))
+    if "linear" in args.parts:
+        for k, n in ((d["hidden"], d["heads"] * d["head_dim"]), (d["hidden"], d["intermediate"]),
+                     (d["intermediate"], d["hidden"]), (d["hidden"], spec["vocab"])):
+            rows.append(check_linear(k, n, dtype))
+        rows.append(check_quantized_linear(d["hidden"], d["intermediate"], dtype))
+    if "attention" in args.parts:
+        for c in args.context:
+            rows.append(check_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype))
+    if "row-ops" in args.parts:
+        rows.append(check_row_ops(d["hidden"], d["heads"], d["head_dim"], dtype))
+    if "model" in args.parts:
+        model = rp.build_model(rp.qwen3_config(spec["vocab"], **d), seed=0, dtype=dtype)
+        for c in args.context:
+            rows.append(check_model(model, spec["vocab"], c, candidates=False))
+        swap_in_candidates(model)
+        for c in args.context:
+            rows.append(check_model(model, spec["vocab"], c, candidates=True))
     info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "dtype": args.dtype,
             "mlx": mx.__version__}
     print(json.dumps({"info": info, "rows": rows}, indent=2))
