@@ -107,3 +107,24 @@ def test_rowwise_candidates_replace_every_linear_head_and_attention():
     assert any(k.startswith("PerQuery") for k in kinds)
     assert mx.array_equal(model.model.layers[0].mlp.gate_proj(x), before)
     assert isinstance(model.model.layers[0].mlp.gate_proj, nn.Linear)
+
+
+def test_first_difference_names_the_layer_and_module_where_a_verify_parts_from_decode_steps():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dflash_tui import random_pair as rp
+    from dflash_tui.bench import batch_invariance as bi
+
+    model = rp.build_model(rp.qwen3_config(384, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16,
+                                           intermediate=128, tie=False), dtype=mx.float32)
+    assert bi.first_difference(model, 384, 20)["layer"] is None
+
+    class RoundsOtherwiseWhenBatched(nn.Linear):  # a multi-row product that is not row-wise
+        def __call__(self, x):
+            out = super().__call__(x)
+            return out * (1 + 1e-6) if x.shape[1] > 1 else out
+
+    model.model.layers[1].mlp.down_proj.__class__ = RoundsOtherwiseWhenBatched
+    found = bi.first_difference(model, 384, 20)
+    assert (found["layer"], found["module"]) == (1, "mlp") and found["equal_rows"] < bi.ROWS

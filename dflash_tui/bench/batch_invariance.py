@@ -248,6 +248,49 @@ def check_row_ops(hidden: int, heads: int, head_dim: int, dtype: mx.Dtype) -> di
             "swiglu_equal_rows": _rows_equal(act[0], act_one[0])[0]}
 
 
+def _recording(module: nn.Module, sink: list) -> None:
+    """Make one module instance append its outputs to `sink` (a subclass swapped onto it once)."""
+    base = getattr(type(module), "_bench_base", type(module))
+
+    def __call__(self, *args, **kwargs):
+        out = base.__call__(self, *args, **kwargs)
+        self._bench_sink.append(out)
+        return out
+
+    if type(module) is base:
+        module.__class__ = type(f"Recording{base.__name__}", (base,), {"__call__": __call__, "_bench_base": base})
+    object.__setattr__(module, "_bench_sink", sink)
+
+
+def first_difference(model: nn.Module, vocab: int, context: int) -> dict[str, Any]:
+    """Where the verify first parts from the decode steps: per layer, the attention's and the
+    MLP's outputs (rows equal out of 16)."""
+    layers = model.model.layers
+    sinks = {(i, part): [] for i in range(len(layers)) for part in ("attn", "mlp")}
+    for i, layer in enumerate(layers):
+        _recording(layer.self_attn, sinks[(i, "attn")])
+        _recording(layer.mlp, sinks[(i, "mlp")])
+    mx.random.seed(6)
+    prompt = mx.random.randint(0, vocab, (context + ROWS,))
+    caches = [make_prompt_cache(model) for _ in range(2)]
+    for c in caches:
+        mx.eval(model(prompt[None, :context], cache=c))
+    for sink in sinks.values():
+        sink.clear()
+    for i in range(ROWS):
+        mx.eval(model(prompt[None, context + i : context + i + 1], cache=caches[0]))
+    steps = {key: mx.concatenate(sink, axis=1) for key, sink in sinks.items()}
+    for sink in sinks.values():
+        sink.clear()
+    mx.eval(model(prompt[None, context:], cache=caches[1]))
+    for i in range(len(layers)):
+        for part in ("attn", "mlp"):
+            same = _rows_equal(sinks[(i, part)][0], steps[(i, part)])[0]
+            if same < ROWS:
+                return {"part": "first difference", "context": context, "layer": i, "module": part, "equal_rows": same}
+    return {"part": "first difference", "context": context, "layer": None}
+
+
 def check_model(model: nn.Module, vocab: int, context: int, candidates: bool) -> dict[str, Any]:
     """16 decode steps against one 16-token forward, from the same prefilled cache."""
     mx.random.seed(6)
@@ -308,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         swap_in_candidates(model)
         for c in args.context:
             rows.append(check_model(model, spec["vocab"], c, candidates=True))
+        for c in args.context:
+            rows.append(first_difference(model, spec["vocab"], c))
     info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "dtype": args.dtype,
             "mlx": mx.__version__}
     print(json.dumps({"info": info, "rows": rows}, indent=2))
