@@ -39,46 +39,57 @@ from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
 
 ROWS = 16
 
-# Each warp computes one output feature for all M rows; lane l reads columns
-# NPT*l + 32*NPT*i (NPT consecutive values), accumulating every row's dot product in one
-# float in that order (a fused multiply-add per element), then the warp's lanes are summed
-# with a butterfly: the order of MLX CUDA's gemv_impl (mlx/backend/cuda/gemms/gemv.cu,
-# rows_per_block 8, n_per_thread 4/2/1 by K's divisibility), row by row. The weight tile is
-# read once for all M rows.
+# Each warp computes R output features for all M rows; lane l reads columns
+# NPT*l + 32*NPT*i (NPT consecutive values), accumulating every (feature, row) dot product
+# in one float in that order (a fused multiply-add per element), then the warp's lanes are
+# summed with a butterfly: per output, the order of MLX CUDA's gemv_impl
+# (mlx/backend/cuda/gemms/gemv.cu: n_per_thread 4/2/1 by K's divisibility). Each weight
+# value is read once for all M rows, each input value once for R features.
 _ROWWISE_SOURCE = """
   const int N = w_shape[0], K = w_shape[1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * 8 + warp;
-  if (row >= N) return;
-  float acc[M];
+  const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
+  if (row0 >= N) return;
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
-  const T* wr = w + (size_t)row * K;
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
   for (int col = NPT * lane; col < K; col += 32 * NPT) {
-    float wv[NPT];
+    float wv[R][NPT];
 #pragma unroll
-    for (int j = 0; j < NPT; j++) wv[j] = dflash_f(wr[col + j]);
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int j = 0; j < NPT; j++) wv[r][j] = row0 + r < N ? dflash_f(w[(size_t)(row0 + r) * K + col + j]) : 0.f;
 #pragma unroll
     for (int m = 0; m < M; m++) {
+      float xv[NPT];
 #pragma unroll
-      for (int j = 0; j < NPT; j++) acc[m] += wv[j] * dflash_f(x[(size_t)m * K + col + j]);
+      for (int j = 0; j < NPT; j++) xv[j] = dflash_f(x[(size_t)m * K + col + j]);
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int j = 0; j < NPT; j++) acc[r][m] += wv[r][j] * xv[j];
     }
   }
 #pragma unroll
-  for (int m = 0; m < M; m++) {
-    const float s = dflash_warp_sum(acc[m]);
-    if (lane == 0) out[(size_t)m * N + row] = T(s);
-  }
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float s = dflash_warp_sum(acc[r][m]);
+      if (lane == 0 && row0 + r < N) out[(size_t)m * N + row0 + r] = T(s);
+    }
 """
 
 _kernel = None
+FEATURES_PER_WARP = 2  # R: measured by --features-per-warp; the per-row order does not depend on it
 
 
 def _npt(k: int) -> int:
     return 4 if k % 128 == 0 else 2 if k % 64 == 0 else 1
 
 
-def rowwise_matmul(x: mx.array, w: mx.array) -> mx.array:
+def rowwise_matmul(x: mx.array, w: mx.array, features_per_warp: int = 0) -> mx.array:
     """x [M, K] @ w[N, K].T with every row computed as a one-row product is (on MLX CUDA, the
     kernel above; elsewhere, M one-row matmuls)."""
     global _kernel
@@ -88,9 +99,10 @@ def rowwise_matmul(x: mx.array, w: mx.array) -> mx.array:
     if _kernel is None:
         _kernel = mx.fast.cuda_kernel(name="dflash_rowwise_matmul", input_names=["x", "w"], output_names=["out"],
                                       source=_ROWWISE_SOURCE, header=_HEADER, ensure_row_contiguous=True)
-    n = w.shape[0]
-    return _kernel(inputs=[x, w], template=[("T", x.dtype), ("M", m), ("NPT", _npt(k))],
-                   grid=(-(-n // 8) * 256, 1, 1), threadgroup=(256, 1, 1),
+    n, r = w.shape[0], features_per_warp or FEATURES_PER_WARP
+    warps = 4
+    return _kernel(inputs=[x, w], template=[("T", x.dtype), ("M", m), ("NPT", _npt(k)), ("R", r)],
+                   grid=(-(-n // (warps * r)) * 32 * warps, 1, 1), threadgroup=(32 * warps, 1, 1),
                    output_shapes=[(m, n)], output_dtypes=[x.dtype])[0]
 
 
@@ -169,12 +181,13 @@ def check_linear(k: int, n: int, dtype: mx.Dtype) -> dict[str, Any]:
     w = (mx.random.normal((n, k)) * k ** -0.5).astype(dtype)
     one = mx.concatenate([x[i : i + 1] @ w.T for i in range(ROWS)], axis=0)
     gemm = x @ w.T
-    rowwise = rowwise_matmul(x, w)
-    return {"part": "linear", "k": k, "n": n,
-            "gemm_equal_rows": _rows_equal(gemm, one)[0], "rowwise_equal_rows": _rows_equal(rowwise, one)[0],
-            "rowwise_max_diff": _rows_equal(rowwise, one)[1],
-            "gemm_ms": _timed(lambda: x @ w.T), "rowwise_ms": _timed(lambda: rowwise_matmul(x, w)),
-            "one_row_ms": _timed(lambda: x[:1] @ w.T)}
+    row = {"part": "linear", "k": k, "n": n, "gemm_equal_rows": _rows_equal(gemm, one)[0],
+           "gemm_ms": _timed(lambda: x @ w.T), "one_row_ms": _timed(lambda: x[:1] @ w.T)}
+    for r in (1, 2, 4, 8):
+        rowwise = rowwise_matmul(x, w, r)
+        row[f"rowwise_r{r}_equal_rows"] = _rows_equal(rowwise, one)[0]
+        row[f"rowwise_r{r}_ms"] = _timed(lambda: rowwise_matmul(x, w, r))  # noqa: B023
+    return row
 
 
 def check_quantized_linear(k: int, n: int, dtype: mx.Dtype, bits: int = 4) -> dict[str, Any]:
