@@ -101,3 +101,60 @@ def test_warm_resume_bench_prefills_only_the_new_turn_warm(qwen3_dirs, capsys):
     assert 0 < report["prefilled_tokens"]["warm"] < report["prompt_tokens"] // 2
     assert report["same_first_token"] is True and report["file_bytes"] > 0
     assert report["ttft_cold_s"] > 0 and report["ttft_warm_s"] > 0
+
+
+def test_batch_invariance_compares_verify_rows_with_decode_steps_bit_for_bit(capsys):
+    from dflash_tui.bench import batch_invariance as bi
+
+    assert bi.main(["--shape", "tiny", "--context", "20"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    parts = {r["part"] for r in rows}
+    assert {"linear", "4-bit linear", "attention", "per-row ops", "model"} <= parts
+    # on the CPU every part is batch-invariant already, and the candidates keep it so
+    for r in rows:
+        for key, value in r.items():
+            if key.endswith("equal_rows"):
+                assert value == bi.ROWS, (r["part"], key)
+    models = [r for r in rows if r["part"] == "model"]
+    assert [m["candidates"] for m in models] == [False, True]
+    assert all(m["argmax_agree"] == bi.ROWS and m["max_diff"] == 0.0 for m in models)
+
+
+def test_rowwise_candidates_replace_every_linear_head_and_attention():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dflash_tui import random_pair as rp
+    from dflash_tui.bench import batch_invariance as bi
+
+    model = rp.build_model(rp.qwen3_config(384, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16,
+                                           intermediate=128, tie=True), dtype=mx.float32)
+    x = mx.random.normal((1, 5, 64))
+    before = model.model.layers[0].mlp.gate_proj(x)
+    bi.swap_in_candidates(model)
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert "Linear" not in kinds and "RowwiseLinear" in kinds and "RowwiseEmbedding" in kinds
+    assert any(k.startswith("PerQuery") for k in kinds)
+    assert mx.array_equal(model.model.layers[0].mlp.gate_proj(x), before)
+    assert isinstance(model.model.layers[0].mlp.gate_proj, nn.Linear)
+
+
+def test_first_difference_names_the_layer_and_module_where_a_verify_parts_from_decode_steps():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dflash_tui import random_pair as rp
+    from dflash_tui.bench import batch_invariance as bi
+
+    model = rp.build_model(rp.qwen3_config(384, hidden=64, layers=3, heads=4, kv_heads=2, head_dim=16,
+                                           intermediate=128, tie=False), dtype=mx.float32)
+    assert bi.first_difference(model, 384, 20)["layer"] is None
+
+    class RoundsOtherwiseWhenBatched(nn.Linear):  # a multi-row product that is not row-wise
+        def __call__(self, x):
+            out = super().__call__(x)
+            return out * (1 + 1e-6) if x.shape[1] > 1 else out
+
+    model.model.layers[1].mlp.down_proj.__class__ = RoundsOtherwiseWhenBatched
+    found = bi.first_difference(model, 384, 20)
+    assert (found["layer"], found["module"]) == (1, "mlp") and found["equal_rows"] < bi.ROWS
