@@ -220,7 +220,7 @@ def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
     assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops"] * 2
     assert all(r["attention"] == "kernel" and r["kernels"] for r in report["rows"] if r["setup"] == "engine")
     assert all(r["attention"] == "fused" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
-    assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4"}
+    assert set(report["steps_per_cycle"]) == {"tiny ctx16 engine b4", "tiny ctx16 mlx-ops b4"}
     assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
     # the setups' switch is process-wide: the run gives it back as it found it
     assert os.environ["DFLASH_TUI_KERNELS"] == "1"
