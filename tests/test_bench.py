@@ -71,4 +71,3 @@ def test_exactness_counts_identical_replies_and_where_they_differ(qwen3_dirs, tm
     # and where two token lists part, it says at which token
     assert exactness.first_difference([1, 2, 3], [1, 2, 4]) == 2
     assert exactness.first_difference([1, 2], [1, 2, 3]) == 2 and exactness.first_difference([5], [5]) is None
-
