@@ -80,6 +80,30 @@ def test_block_attention_equals_the_fused_kernel_on_cache_views(causal, L):
     assert mx.allclose(ours, ref, atol=1e-5).item()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("S", [33, 64, 70])
+def test_split_attention_equals_the_fused_kernel(monkeypatch, causal, S):
+    # key ranges of 16: the last range partly filled (S = 70), or past every query's last key
+    # under the causal mask (the tail ranges of queries early in the block)
+    monkeypatch.setattr(ck, "SPLIT_FROM_KEYS", 32)
+    monkeypatch.setattr(ck, "SPLIT_CHUNK", 16)
+    H, Hkv, D, L = 8, 2, 32, 16
+    mx.random.seed(S)
+    q = mx.random.normal((1, H, L, D)) * 2
+    k, v = mx.random.normal((1, Hkv, 80, D))[:, :, :S], mx.random.normal((1, Hkv, 80, D))[:, :, :S]
+    assert ck.attention_splits(S, D) == -(-S // 16) > 1
+    ours = ck.block_attention(q, k, v, 0.3, causal)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal" if causal else None)
+    assert mx.allclose(ours, ref, atol=1e-5).item()
+    assert mx.allclose(ours, ck._attention_reference(q, k, v, 0.3, causal), atol=1e-5).item()
+
+
+def test_short_caches_and_wide_heads_are_not_split():
+    assert ck.attention_splits(ck.SPLIT_FROM_KEYS - 1, 128) == 1
+    assert ck.attention_splits(ck.SPLIT_FROM_KEYS, 128) == -(-ck.SPLIT_FROM_KEYS // ck.SPLIT_CHUNK) > 1
+    assert ck.attention_splits(16384, 256) == 1  # measured no faster for 256-wide heads
+
+
 def test_block_attention_refuses_what_it_cannot_take():
     q = mx.zeros((1, 8, 4, 32))
     k = mx.zeros((1, 2, 40, 32))
@@ -149,6 +173,19 @@ def test_plain_mlx_lm_calls_stay_on_mlx_ops(attention_dirs, forced):
     assert not any(getattr(layer, "_dflash_flush", False) for layer in pair.target.layers)
 
 
+def test_split_attention_path_matches_stream_generate(attention_dirs, forced, monkeypatch):
+    # every verify and draft forward past 64 cached keys goes through the split-K arithmetic
+    monkeypatch.setattr(ck, "SPLIT_FROM_KEYS", 64)
+    monkeypatch.setattr(ck, "SPLIT_CHUNK", 24)
+    splits = []
+    monkeypatch.setattr(ck, "_split_attention_reference",
+                        lambda *a, _ref=ck._split_attention_reference: splits.append(a[-1]) or _ref(*a))
+    pair = load_pair(str(attention_dirs["target"]), str(attention_dirs["draft"]))
+    ref, blocks, done = oracle_generate(pair, 8, 80, seed=5)
+    assert done.tokens == ref
+    assert splits and max(splits) >= 4
+
+
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_hybrid_kernel_path_matches_stream_generate(hybrid_dirs, forced, block_size):
     pair = load_pair(str(hybrid_dirs["target"]), str(hybrid_dirs["draft"]))
@@ -183,7 +220,7 @@ def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
     assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops"] * 2
     assert all(r["attention"] == "kernel" and r["kernels"] for r in report["rows"] if r["setup"] == "engine")
     assert all(r["attention"] == "fused" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
-    assert set(report["steps_per_cycle"]) == {"engine b4", "mlx-ops b4"}
+    assert set(report["steps_per_cycle"]) == {"tiny ctx16 engine b4", "tiny ctx16 mlx-ops b4"}
     assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
     # the setups' switch is process-wide: the run gives it back as it found it
     assert os.environ["DFLASH_TUI_KERNELS"] == "1"
@@ -216,10 +253,19 @@ def _wrapped(source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "gated-delta"])
+@pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "split-128", "split-256", "split-96", "combine",
+                                    "gated-delta"])
 def test_kernel_sources_compile(tmp_path, kernel):
     bf = "__nv_bfloat16"
-    if kernel.startswith("attention"):
+    consts = [f"using T = {bf}", "constexpr int G = 4", "constexpr int WARPS = 4", "constexpr bool CAUSAL = true",
+              f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}", "constexpr int CHUNK = 256"]
+    if kernel.startswith("split"):
+        src = _wrapped(ck._ATTENTION_SPLIT_SOURCE, [("q", bf), ("k", bf), ("v", bf)],
+                       [("part_o", "float"), ("part_ml", "float")], consts + [f"constexpr int D = {kernel.split('-')[1]}"])
+    elif kernel == "combine":
+        src = _wrapped(ck._ATTENTION_COMBINE_SOURCE, [("part_o", "float"), ("part_ml", "float")], [("out", bf)],
+                       [f"using T = {bf}"])
+    elif kernel.startswith("attention"):
         D = kernel.split("-")[1]
         src = _wrapped(ck._ATTENTION_SOURCE, [("q", bf), ("k", bf), ("v", bf)], [("out", bf)],
                        [f"using T = {bf}", f"constexpr int D = {D}", "constexpr int G = 4", "constexpr int WARPS = 8", "constexpr bool CAUSAL = true",

@@ -4,7 +4,8 @@ For each kernel of `engine.cuda_kernels`: its largest difference from MLX's own
 ops on the same inputs (relative to the largest output), and its time per call
 against MLX's own path, both measured in one run as a chain of calls evaluated
 together (so host-side costs count, as they do in a forward). Shapes are
-Qwen3-4B's and Qwen3.5-4B's.
+Qwen3-4B's and Qwen3.5-4B's. Attention rows time every split-K variant at
+every cache length (where `SPLIT_FROM_KEYS` and `SPLIT_CHUNK` come from).
 
     python -m dflash_tui.bench.block_kernels --json
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -37,46 +39,55 @@ def _rel(a: mx.array, b: mx.array) -> float:
     return float((mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-6)).item())
 
 
-def matmul_rows(chain: int, reps: int) -> list[dict[str, Any]]:
-    rows = []
-    for K, N in ((2560, 9728), (9728, 2560), (2560, 4096), (2560, 151936)):
-        w = (mx.random.normal((N, K)) * K**-0.5).astype(mx.bfloat16)
-        ws = [w] if N > 100_000 else [(mx.random.normal((N, K)) * K**-0.5).astype(mx.bfloat16) for _ in range(chain)]
-        mx.eval(ws)
-        for M in (1, 2, 4, 8, 16):
-            x = mx.random.normal((M, K)).astype(mx.bfloat16)
-            mx.eval(x)
-            row: dict[str, Any] = {"K": K, "N": N, "M": M, "chain": len(ws)}
-            row["mlx_us"] = _timed(lambda: [x @ wi.T for wi in ws], reps) / len(ws) * 1e6
-            if M >= 2:
-                row["rel_err"] = _rel(ck.block_matmul(x, w), x @ w.T)
-                row["kernel_us"] = _timed(lambda: [ck.block_matmul(x, wi) for wi in ws], reps) / len(ws) * 1e6
-            row["weight_GBps_kernel"] = (N * K * 2 / (row["kernel_us"] * 1e-6) / 1e9) if "kernel_us" in row else None
-            rows.append(row)
-    return rows
+# (SPLIT_CHUNK, SPLIT_WARPS) tried for the split-K path; None: one block per (KV head, query)
+SPLIT_VARIANTS = (None, (128, 4), (256, 4), (512, 4), (256, 8), (512, 8))
+
+
+def _with_split(variant, fn):
+    """Run fn with block_attention forced to one of SPLIT_VARIANTS."""
+    saved = ck.SPLIT_FROM_KEYS, ck.SPLIT_CHUNK, ck.SPLIT_WARPS, ck.SPLIT_MAX_HEAD_DIM
+    try:
+        if variant is None:
+            ck.SPLIT_FROM_KEYS = 1 << 30
+        else:
+            ck.SPLIT_FROM_KEYS, (ck.SPLIT_CHUNK, ck.SPLIT_WARPS) = 0, variant
+            ck.SPLIT_MAX_HEAD_DIM = 1 << 30
+        return fn()
+    finally:
+        ck.SPLIT_FROM_KEYS, ck.SPLIT_CHUNK, ck.SPLIT_WARPS, ck.SPLIT_MAX_HEAD_DIM = saved
 
 
 def attention_rows(chain: int, reps: int) -> list[dict[str, Any]]:
+    """Each split variant against MLX's fused kernel (on a repeated shape, its best case) and
+    the float32 reference; the engine's own choice at each length is `chosen_us`."""
     rows = []
     for H, Hkv, D in ((32, 8, 128), (16, 4, 256)):
-        for S in (160, 1200, 4096):
+        for S in (160, 1024, 2048, 4096, 16384):
             cap = -(-S // 256) * 256  # keys are read in place from a longer buffer, as from a KVCache
             keys = mx.random.normal((1, Hkv, cap, D)).astype(mx.bfloat16)
             values = mx.random.normal((1, Hkv, cap, D)).astype(mx.bfloat16)
-            for L, causal in ((16, True), (16, False), (4, True)):
+            for L, causal in ((16, True), (16, False), (8, True)):
                 q = mx.random.normal((1, H, L, D)).astype(mx.bfloat16)
                 mx.eval(q, keys, values)
                 k, v = keys[:, :, :S], values[:, :, :S]
                 scale = D**-0.5
                 ref = ck._attention_reference(q, k, v, scale, causal)
-                row: dict[str, Any] = {"H": H, "Hkv": Hkv, "D": D, "S": S, "L": L, "causal": causal}
-                row["rel_err"] = _rel(ck.block_attention(q, k, v, scale, causal), ref)
                 mask = "causal" if causal else None
+                fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+                row: dict[str, Any] = {"H": H, "Hkv": Hkv, "D": D, "S": S, "L": L, "causal": causal,
+                                       "splits": ck.attention_splits(S, D), "fused_rel_err": _rel(fused, ref)}
                 row["fused_us"] = _timed(lambda: [mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
                                                   for _ in range(chain)], reps) / chain * 1e6
-                row["kernel_us"] = _timed(lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)],
+                for variant in SPLIT_VARIANTS:
+                    name = "one_block" if variant is None else f"split_{variant[0]}x{variant[1]}w"
+                    row[f"{name}_rel_err"] = _with_split(variant, lambda: _rel(ck.block_attention(q, k, v, scale, causal),
+                                                                               ref))
+                    row[f"{name}_us"] = _with_split(variant, lambda: _timed(
+                        lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)], reps)) / chain * 1e6
+                row["chosen_us"] = _timed(lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)],
                                           reps) / chain * 1e6
                 rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)  # progress
     return rows
 
 
@@ -107,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chain", type=int, default=24, help="calls evaluated together per timing")
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--parts", nargs="+", default=["matmul", "attention", "gated_delta"])
+    p.add_argument("--parts", nargs="+", default=["attention", "gated_delta"])
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not ck.on_cuda():
         print("block_kernels: needs MLX's CUDA backend (the kernels are CUDA); here the references would run")
         return 2
     report: dict[str, Any] = {"mlx": mx.__version__, "device": mx.device_info().get("device_name")}
-    parts = {"matmul": matmul_rows, "attention": attention_rows, "gated_delta": gated_delta_rows}
+    parts = {"attention": attention_rows, "gated_delta": gated_delta_rows}
     for name in args.parts:
         try:
             report[name] = parts[name](args.chain, args.reps)

@@ -7,17 +7,29 @@ acceptance of tau tokens per cycle the speedup is about tau / that price.
 Both are measured in one run, on the same cache lengths, growing as in real
 decoding (every verify sees a new cache length).
 
+The price that matters to a user is in *vanilla* decode steps: `--vanilla` also
+times `mlx_lm.stream_generate` on a separate, untouched instance of the target
+(`price` = cycle / vanilla step; `target_alone_price` = the engine's own
+target-only step / vanilla step), and `--zlab` the `dflash` package's MLX
+reference (`zlab_price`) where it is installed. Several shapes and contexts go
+in one run; `-4bit` shapes quantize the target as `mlx_lm.convert -q` does
+(4 bits, groups of 64) and keep the draft in bf16.
+
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --block-size 16
     python -m dflash_tui.bench.cycle_cost --shape tiny        # CPU smoke run
     python -m dflash_tui.bench.cycle_cost --shape qwen3-4b --setups engine mlx-ops --repeat 3
+    python -m dflash_tui.bench.cycle_cost --shape qwen3-4b qwen3.5-4b qwen3.5-9b qwen3-8b-4bit qwen3.5-9b-4bit \
+        --prompt 128 4096 16384 --block-size 8 16 --vanilla --zlab --json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -25,6 +37,8 @@ import mlx.core as mx
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
+from dflash_tui.bench.references import tokenizer_for, vanilla_step_ms, zlab_available, zlab_cycle_ms, zlab_draft
+from dflash_tui.engine import cuda_kernels
 from dflash_tui.engine.cuda_kernels import kernels_wanted
 from dflash_tui.engine.draft import DFlashDraft, default_attention_mode
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals, lazy_draft_wanted
@@ -37,19 +51,41 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen3.5-4b": dict(kind="qwen3_5", vocab=248320, dims=dict(hidden=2560, layers=32, heads=16, kv_heads=4, head_dim=256,
                                                                 intermediate=9216, linear_k_heads=16, linear_v_heads=32,
                                                                 linear_head_dim=128, tie=True), ids=[1, 8, 15, 22, 29]),
+    "qwen3.5-9b": dict(kind="qwen3_5", vocab=248320, dims=dict(hidden=4096, layers=32, heads=16, kv_heads=4, head_dim=256,
+                                                                intermediate=12288, linear_k_heads=16, linear_v_heads=32,
+                                                                linear_head_dim=128, tie=False), ids=[1, 8, 15, 22, 29]),
+    "qwen3-8b": dict(kind="qwen3", vocab=151936, dims=dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128,
+                                                            intermediate=12288, tie=False), ids=[1, 9, 17, 25, 33]),
     "tiny": dict(kind="qwen3", vocab=384, dims=dict(hidden=64, layers=4, heads=4, kv_heads=2, head_dim=16, intermediate=128,
                                                     tie=False), ids=[0, 1, 2]),
     "tiny-hybrid": dict(kind="qwen3_5", vocab=384, dims=dict(hidden=64, layers=8, heads=4, kv_heads=2, head_dim=16,
                                                             intermediate=128, linear_k_heads=2, linear_v_heads=4,
                                                             linear_head_dim=16, tie=False), ids=[1, 3, 5]),
 }
+QUANTIZED = {"-4bit": 4}  # a shape name with this suffix: its target quantized to these bits
+SHAPES.update({f"{name}{suffix}": dict(spec, bits=bits) for suffix, bits in QUANTIZED.items()
+               for name, spec in list(SHAPES.items()) if name in ("qwen3-8b", "qwen3.5-9b", "tiny")})
 
 
-def build(shape: str, draft_layers: int, dtype: mx.Dtype) -> tuple[Target, DFlashDraft]:
+def target_model(shape: str, dtype: mx.Dtype) -> tuple[Any, dict[str, Any]]:
+    """The shape's target (an mlx-lm model, random weights, seed 0; quantized for `-4bit`
+    shapes) and its config. Two calls give two equal, separate instances."""
     spec = SHAPES[shape]
     maker = rp.qwen3_config if spec["kind"] == "qwen3" else rp.qwen3_5_config
     config = maker(spec["vocab"], **spec["dims"])
     model = rp.build_model(config, seed=0, dtype=dtype)
+    if spec.get("bits"):
+        from mlx_lm.utils import quantize_model
+
+        with contextlib.redirect_stdout(sys.stderr):  # its note on bits per weight: keep stdout JSON
+            model, _ = quantize_model(model, config, group_size=64, bits=spec["bits"])
+        mx.eval(model.parameters())
+    return model, config
+
+
+def build(shape: str, draft_layers: int, dtype: mx.Dtype) -> tuple[Target, DFlashDraft]:
+    spec = SHAPES[shape]
+    model, config = target_model(shape, dtype)
     target = Target(model, tokenizer=None, name=shape)
     if target.is_hybrid:
         from dflash_tui.engine.hybrid import HybridTarget
@@ -64,8 +100,9 @@ def build(shape: str, draft_layers: int, dtype: mx.Dtype) -> tuple[Target, DFlas
     return target, draft
 
 
-def measure(target: Target, draft: DFlashDraft, block: int, prompt_len: int, tokens: int) -> dict[str, Any]:
-    prompt = (mx.random.randint(0, target.vocab_size - 2, (prompt_len,)).tolist())
+def measure(target: Target, draft: DFlashDraft, block: int, prompt: "int | list[int]", tokens: int) -> dict[str, Any]:
+    if isinstance(prompt, int):
+        prompt = random_prompt(target.vocab_size, prompt)
 
     def fresh() -> tuple[DecodeState, int]:
         state = DecodeState(target, draft)
@@ -94,6 +131,7 @@ def measure(target: Target, draft: DFlashDraft, block: int, prompt_len: int, tok
     cycle_ms = statistics.median(ms for ms, _ in body)
     return {
         "block_size": block,
+        "context": len(prompt),
         "step_ms": step_ms,
         "cycle_ms": cycle_ms,
         "steps_per_cycle": cycle_ms / step_ms,
@@ -103,6 +141,10 @@ def measure(target: Target, draft: DFlashDraft, block: int, prompt_len: int, tok
         "tokens_per_cycle": produced / len(cycles),
         "speedup_at_tau_6.5": 6.5 / (cycle_ms / step_ms),
     }
+
+
+def random_prompt(vocab: int, length: int) -> list[int]:
+    return mx.random.randint(0, vocab - 2, (length,)).tolist()
 
 
 # Engine setups to compare side by side (--setups): "engine" is whatever the engine chooses on
@@ -125,57 +167,107 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
 
 
-def _measure_setups(target: Target, draft: DFlashDraft, args: argparse.Namespace, defaults: dict[str, Any]) -> list:
+def _print_row(r: dict[str, Any]) -> None:
+    price = f", {r['price']:.2f} vanilla steps" if "price" in r else ""
+    zlab = f", z-lab {r['zlab_price']:.2f}" if r.get("zlab_price") else ""
+    print(f"{r['shape']} ctx {r['context']} {r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
+          f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle{price}{zlab} (draft "
+          f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)", flush=True)
+
+
+def _measure_context(target: Target, draft: DFlashDraft, refs: dict[str, Any], args: argparse.Namespace,
+                     defaults: dict[str, Any], shape: str, context: int) -> list[dict[str, Any]]:
+    """Every setup and block size at one context length, with the references on the same prompt."""
+    prompt = random_prompt(target.vocab_size, context)
+    common: dict[str, Any] = {"shape": shape}
+    if "vanilla" in refs:
+        common["vanilla_step_ms"] = vanilla_step_ms(refs["vanilla"], refs["tokenizer"], prompt, args.tokens)
     rows: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         for name in args.setups or [None]:
             setup = apply_setup(target, draft, name, defaults) if name else {}
             for b in args.block_size:
-                rows.append({**setup, **measure(target, draft, b, args.prompt, args.tokens)})
-                if not args.json:
-                    r = rows[-1]
-                    print(f"{r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
-                          f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle (draft "
-                          f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)",
-                          flush=True)
+                row = {**common, **setup, **measure(target, draft, b, prompt, args.tokens)}
+                if "vanilla_step_ms" in row:
+                    row["price"] = row["cycle_ms"] / row["vanilla_step_ms"]
+                    row["target_alone_price"] = row["step_ms"] / row["vanilla_step_ms"]
+                rows.append(row)
+    if "zlab_draft" in refs:
+        for b in args.block_size:
+            try:
+                ms = zlab_cycle_ms(refs["vanilla"], refs["zlab_draft"], refs["tokenizer"], prompt, b, args.zlab_tokens)
+            except Exception as exc:  # the reference may not take a shape: say so in its row
+                for r in rows:
+                    r.setdefault("zlab_error", f"{type(exc).__name__}: {exc}"[:200])
+                break
+            for r in rows:
+                if r["block_size"] == b:
+                    r["zlab_cycle_ms"] = ms
+                    r["zlab_price"] = ms / r["vanilla_step_ms"]
+    for r in rows:
+        if args.json:  # progress, one row a line (a run cut short keeps what it measured)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+        else:
+            _print_row(r)
+    return rows
+
+
+def _measure_shape(shape: str, args: argparse.Namespace, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    dtype = getattr(mx, args.dtype)
+    target, draft = build(shape, args.draft_layers, dtype)
+    refs: dict[str, Any] = {}
+    if args.vanilla or args.zlab:
+        refs["vanilla"], _ = target_model(shape, dtype)
+        refs["tokenizer"] = tokenizer_for()
+    if args.zlab and zlab_available():
+        refs["zlab_draft"] = zlab_draft(draft.config, dtype)
+    rows = []
+    for context in args.prompt:
+        rows += _measure_context(target, draft, refs, args, defaults, shape, context)
+    del target, draft, refs
+    mx.clear_cache()
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--shape", choices=sorted(SHAPES), nargs="+", default=["tiny"])
     p.add_argument("--block-size", type=int, nargs="+", default=[16])
     p.add_argument("--draft-layers", type=int, default=5)
-    p.add_argument("--prompt", type=int, default=128, help="prompt length in tokens")
+    p.add_argument("--prompt", type=int, nargs="+", default=[128], help="prompt lengths (contexts) in tokens")
     p.add_argument("--tokens", type=int, default=96, help="tokens to decode per measurement")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--setups", nargs="+", choices=sorted(SETUPS), default=None,
                    help="compare these engine setups, alternating run by run")
     p.add_argument("--repeat", type=int, default=1, help="measurements per block size (and setup)")
+    p.add_argument("--vanilla", action="store_true", help="also time mlx_lm.stream_generate (price in its steps)")
+    p.add_argument("--zlab", action="store_true", help="also time the dflash package's MLX reference, if installed")
+    p.add_argument("--zlab-tokens", type=int, default=24, help="tokens the reference decodes per measurement")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    target, draft = build(args.shape, args.draft_layers, getattr(mx, args.dtype))
     defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
-    info = {"device": str(mx.default_device()), "shape": args.shape, "mlx": mx.__version__,
-            "attention": target.attention_mode, "flush_every": target.flush_every,
-            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
+    info = {"device": str(mx.default_device()), "shapes": args.shape, "mlx": mx.__version__,
+            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "zlab_installed": zlab_available(),
+            "split_from_keys": getattr(cuda_kernels, "SPLIT_FROM_KEYS", None)}
     try:
         info["device_name"] = mx.device_info().get("device_name")
     except Exception:
         pass
-    rows = []
+    rows: list[dict[str, Any]] = []
     saved_env = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS")}
     try:
-        rows = _measure_setups(target, draft, args, defaults)
+        for shape in args.shape:
+            rows += _measure_shape(shape, args, defaults)
     finally:  # setups switch process-wide variables: give them back (callers may run on)
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    summary = {}
+    summary: dict[str, Any] = {}
     for r in rows:
-        summary.setdefault(f"{r.get('setup', 'run')} b{r['block_size']}", []).append(r["steps_per_cycle"])
+        key = f"{r['shape']} ctx{r['context']} {r.get('setup', 'run')} b{r['block_size']}"
+        summary.setdefault(key, []).append(r["steps_per_cycle"])
     summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)} for k, v in summary.items()}
     if args.json:
         print(json.dumps({"info": info, "rows": rows, "steps_per_cycle": summary}, indent=2))
