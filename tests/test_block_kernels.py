@@ -21,6 +21,7 @@ import mlx.core as mx
 import pytest
 
 from conftest import _build_pair, oracle_proposer, reference_tokens
+from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
 from dflash_tui.engine import draft as draft_mod
 from dflash_tui.engine import gdn_tape
@@ -125,8 +126,8 @@ def test_gated_delta_steps_equal_mlx_lm_step_by_step():
     state = mx.random.normal((B, Hv, D, D)) * 0.1
     y_ref, s_ref = mlx_gd.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, use_kernel=False)
     g, beta = mlx_gd.compute_g(A_log, a, dt_bias), mx.sigmoid(b)
-    assert ck.gated_delta_fits(q, v, g, state, None)
-    y, states = ck.gated_delta_steps(q, k, v, g, beta, state)
+    assert gd.gated_delta_fits(q, v, g, state, None)
+    y, states = gd.gated_delta_steps(q, k, v, g, beta, state)
     assert y.dtype == y_ref.dtype
     assert mx.allclose(y, y_ref, atol=1e-5).item()
     assert mx.allclose(states[-1], s_ref, atol=1e-5).item()
@@ -134,7 +135,7 @@ def test_gated_delta_steps_equal_mlx_lm_step_by_step():
         _, s_t = mlx_gd.gated_delta_update(q[:, :t], k[:, :t], v[:, :t], a[:, :t], b[:, :t], A_log, dt_bias, state,
                                            use_kernel=False)
         assert mx.allclose(states[t - 1], s_t, atol=1e-5).item()
-    assert not ck.gated_delta_fits(q, v, g, state, mx.ones((B, T), mx.bool_))  # masks go to mlx-lm's loop
+    assert not gd.gated_delta_fits(q, v, g, state, mx.ones((B, T), mx.bool_))  # masks go to mlx-lm's loop
 
 
 # -- the engine routes its cycles through them, and stays exact ------------------------
@@ -271,7 +272,7 @@ def test_kernel_sources_compile(tmp_path, kernel):
                        [f"using T = {bf}", f"constexpr int D = {D}", "constexpr int G = 4", "constexpr int WARPS = 8", "constexpr bool CAUSAL = true",
                         f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}"])
     else:
-        src = _wrapped(ck._GATED_DELTA_SOURCE, [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf),
+        src = _wrapped(gd._GATED_DELTA_SOURCE, [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf),
                                                 ("state", "float")], [("y", bf), ("states", "float")],
                        ["constexpr int DK = 128", f"using YT = {bf}"])
     path = tmp_path / "k.cu"

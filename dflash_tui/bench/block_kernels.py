@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
 
 
@@ -102,13 +103,13 @@ def gated_delta_rows(chain: int, reps: int) -> list[dict[str, Any]]:
         beta = mx.random.uniform(0, 1, (B, T, Hv)).astype(mx.bfloat16)
         state = mx.random.normal((B, Hv, Dv, Dk)) * 0.1
         mx.eval(q, k, v, g, beta, state)
-        y_ref, s_ref = ck._gated_delta_reference(q, k, v, g, beta, state)
-        y, states = ck.gated_delta_steps(q, k, v, g, beta, state)
+        y_ref, s_ref = gd._gated_delta_reference(q, k, v, g, beta, state)
+        y, states = gd.gated_delta_steps(q, k, v, g, beta, state)
         row: dict[str, Any] = {"T": T, "rel_err_y": _rel(y, y_ref), "rel_err_state": _rel(states[-1], s_ref[-1]),
                                "rel_err_first_state": _rel(states[0], s_ref[0])}
-        row["ops_us"] = _timed(lambda: [ck._gated_delta_reference(q, k, v, g, beta, state)[0] for _ in range(chain)],
+        row["ops_us"] = _timed(lambda: [gd._gated_delta_reference(q, k, v, g, beta, state)[0] for _ in range(chain)],
                                reps) / chain * 1e6
-        row["kernel_us"] = _timed(lambda: [ck.gated_delta_steps(q, k, v, g, beta, state)[0] for _ in range(chain)],
+        row["kernel_us"] = _timed(lambda: [gd.gated_delta_steps(q, k, v, g, beta, state)[0] for _ in range(chain)],
                                   reps) / chain * 1e6
         rows.append(row)
     return rows
