@@ -248,6 +248,22 @@ def test_baseline_and_block_size_per_request(server, client):
                                        extra_body={"dflash": {"block_size": 17}})
 
 
+def test_a_server_without_a_draft_takes_baseline_and_refuses_a_block_size(qwen3_dirs, client):
+    messages = [{"role": "user", "content": PROMPT}]
+    ref = client.chat.completions.create(model="target", messages=messages, max_tokens=20).choices[0].message.content
+    args = ["--model", str(qwen3_dirs["target"]), "--log-level", "warning"]
+    with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
+        alone = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for ext in ({"baseline": True}, {"block_size": "auto"}, {"block_size": 1}):
+            r = alone.chat.completions.create(model="target", messages=messages, max_tokens=20, extra_body={"dflash": ext})
+            assert r.choices[0].message.content == ref, ext
+            assert r.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+        with pytest.raises(openai.BadRequestError, match="this server has no draft"):
+            alone.chat.completions.create(model="target", messages=messages, max_tokens=2,
+                                          extra_body={"dflash": {"block_size": 4}})
+        assert s.stop() == 0
+
+
 def test_cache_reuse_and_metrics(server, client):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "one two three"}]
     assert wait_for(lambda: idle(server))
