@@ -390,3 +390,37 @@ async def test_a_vllm_stream_fills_count_rows_end_to_end(anyio_backend):
             assert app.acceptance.stats.drafted == VLLM_SPEC["num_draft_tokens"]
     finally:
         fake.stop()
+
+
+async def command(pilot, app, text: str) -> None:
+    app.prompt.value = text
+    app.prompt.focus()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_baseline_and_block_size_reach_a_dflash_serve(dflash_server):
+    app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
+    app.options.max_tokens = 24
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        seen = record_events(app)
+        await command(pilot, app, "/baseline")
+        assert app.baseline
+        await turn(pilot, app, "Write a function that reverses a list")
+        blocks = [e for e in seen if e.type == "block"]
+        rows = list(app.acceptance.rows.rows)
+        assert blocks and rows == blocks  # the pane shows the server's target-only steps ...
+        assert all(r.drafted == [] for r in rows)  # ... with nothing drafted: the server ran its target alone
+        assert seen[-1].type == "done" and seen[-1].stats["mode"] == "baseline"
+        assert app.acceptance.mode == "baseline" and app.acceptance.stats.cycles == 0
+
+        await command(pilot, app, "/baseline off")
+        await command(pilot, app, "/block 4")
+        assert not app.baseline and app.options.block_size == 4
+        seen.clear()
+        await turn(pilot, app, "And in C?")
+        rows = list(app.acceptance.rows.rows)
+        assert rows == [e for e in seen if e.type == "block"]
+        assert any(r.drafted for r in rows) and all(len(r.drafted) <= 3 for r in rows)
+        assert seen[-1].stats["block_size"] == 4 and seen[-1].stats["mode"] == "dflash"

@@ -165,10 +165,11 @@ def test_stop_strings(qwen3_dirs, client):
     assert streamed[-1].choices[0].finish_reason == "stop"
 
 
-def _block_stream(client, **kw):
+def _block_stream(client, dflash=None, **kw):
     chunks = list(client.chat.completions.create(
         model="target", messages=[{"role": "user", "content": PROMPT}], max_tokens=40, stream=True,
-        stream_options={"include_usage": True}, extra_body={"dflash": {"blocks": True, "detailed": True}}, **kw))
+        stream_options={"include_usage": True},
+        extra_body={"dflash": {"blocks": True, "detailed": True, **(dflash or {})}}, **kw))
     ext = [c.model_extra["dflash"] for c in chunks if (c.model_extra or {}).get("dflash")]
     return chunks, [event_from_dict(d["event"]) for d in ext], ext
 
@@ -204,6 +205,63 @@ def test_a_stop_string_cut_ends_the_block_stream_with_a_trimmed_block_and_done(s
     spec = finish[0].model_extra["metrics"]["speculative_decoding"]
     assert spec["per_step_accepted"] == [b.accepted for b in blocks if b.drafted]
     assert chunks[-1].usage.completion_tokens == len(sent)
+
+
+def _spec(chunks) -> dict:
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    return finish[0].model_extra["metrics"]["speculative_decoding"]
+
+
+def test_baseline_and_block_size_per_request(server, client):
+    chunks, events, _ = _block_stream(client)
+    normal = events[-1]
+    assert any(len(e.drafted) > 3 for e in events if isinstance(e, Block))  # the draft's own block: 16
+
+    # baseline: the target alone, nothing drafted, the same greedy text; the figures say zero drafts
+    chunks, events, _ = _block_stream(client, {"baseline": True})
+    done = events[-1]
+    blocks = [e for e in events if isinstance(e, Block)]
+    assert done.text == normal.text and done.tokens == normal.tokens and done.stats["mode"] == "baseline"
+    assert blocks and all(b.drafted == [] for b in blocks)
+    spec = _spec(chunks)
+    assert spec["num_spec_steps"] == spec["num_draft_tokens"] == spec["num_accepted_draft_tokens"] == 0
+    assert spec["acceptance_histogram"] == [0] * 16 and spec["num_spec_tokens"] == 15
+    plain = client.chat.completions.create(model="target", messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=40, extra_body={"dflash": {"baseline": True}})
+    assert plain.choices[0].message.content == normal.text
+    assert plain.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+
+    # block_size 4: at most 3 drafted a cycle, the same text
+    chunks, events, _ = _block_stream(client, {"block_size": 4})
+    blocks = [e for e in events if isinstance(e, Block)]
+    assert events[-1].text == normal.text and events[-1].stats["block_size"] == 4
+    assert any(b.drafted for b in blocks) and all(len(b.drafted) <= 3 for b in blocks)
+    assert max(_spec(chunks)["per_step_drafted"]) <= 3
+    _, events, _ = _block_stream(client, {"block_size": "auto"})
+    assert events[-1].text == normal.text and events[-1].stats["block_size"] == "auto"
+    # for that request only: the next one drafts the server's default again
+    _, events, _ = _block_stream(client)
+    assert any(len(e.drafted) > 3 for e in events if isinstance(e, Block))
+
+    with pytest.raises(openai.BadRequestError, match="trained to draft blocks of 16 tokens"):
+        client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                       extra_body={"dflash": {"block_size": 17}})
+
+
+def test_a_server_without_a_draft_takes_baseline_and_refuses_a_block_size(qwen3_dirs, client):
+    messages = [{"role": "user", "content": PROMPT}]
+    ref = client.chat.completions.create(model="target", messages=messages, max_tokens=20).choices[0].message.content
+    args = ["--model", str(qwen3_dirs["target"]), "--log-level", "warning"]
+    with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
+        alone = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
+        for ext in ({"baseline": True}, {"block_size": "auto"}, {"block_size": 1}):
+            r = alone.chat.completions.create(model="target", messages=messages, max_tokens=20, extra_body={"dflash": ext})
+            assert r.choices[0].message.content == ref, ext
+            assert r.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
+        with pytest.raises(openai.BadRequestError, match="this server has no draft"):
+            alone.chat.completions.create(model="target", messages=messages, max_tokens=2,
+                                          extra_body={"dflash": {"block_size": 4}})
+        assert s.stop() == 0
 
 
 def test_cache_reuse_and_metrics(server, client):
@@ -254,6 +312,18 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(), 400, "tools"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"blocks": True}}).encode(), 400, "stream"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"load": "/etc/passwd"}}).encode(), 400, "dflash"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"bsize": 4}}).encode(), 400,
+     "'baseline' (booleans) and 'block_size'"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 0}}).encode(), 400,
+     "'dflash.block_size' must be an integer >= 1 or \"auto\""),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": "big"}}).encode(), 400,
+     "'dflash.block_size' must be"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 4.0}}).encode(), 400,
+     "'dflash.block_size' must be"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 10**30}}).encode(), 400,
+     "refused: the draft was trained to draft blocks of 16"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"baseline": "yes"}}).encode(), 400,
+     "'dflash.baseline' must be true or false"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "model": "/etc/passwd"}).encode(), 404, "does not load"),
     (b'{"messages": "' + b"x" * 70000 + b'"}', 413, "larger than"),
 ]

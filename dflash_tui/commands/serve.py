@@ -144,7 +144,7 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
         metrics = ServerMetrics(name, engine.counts)
         engine.metrics = metrics
         limits = Limits(model_ids=(name,), max_tokens_limit=args.max_tokens_limit, block_size=args.block_size,
-                        spec_metrics=args.spec_decode_metrics)
+                        spec_metrics=args.spec_decode_metrics, draft_block=engine.draft_block)
         app = build_app(ServerConfig(engine, metrics, limits, name, api_key, args.max_request_bytes))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -217,8 +217,14 @@ class RemoteClient:
                 body[key] = settings[key]
         if settings.get("seed") is not None:
             body["seed"] = settings["seed"]
-        if self.info.kind == "dflash":
-            body["dflash"] = {"blocks": True, "detailed": True}
+        if self.info.kind == "dflash":  # dflash-tui serve: the TUI's block size and /baseline go too
+            ext: dict[str, Any] = {"blocks": True, "detailed": True}
+            if settings.get("baseline"):
+                ext["baseline"] = True
+            block = settings.get("block_size")
+            if self.info.draft and (block == "auto" or (type(block) is int and block >= 1)):
+                ext["block_size"] = block  # None or 0: the server's own default
+            body["dflash"] = ext
         return body
 
     def chat(self, messages: list[dict[str, str]], settings: dict[str, Any],

@@ -97,6 +97,12 @@ class EngineThread:
     def tokenizer(self) -> Any:
         return self.conversation.tokenizer
 
+    @property
+    def draft_block(self) -> int:
+        """The draft's trained block size, the largest a request may ask for (0: no draft)."""
+        draft = getattr(getattr(self.conversation, "pair", None), "draft", None)
+        return draft.config.block_size if draft is not None else 0
+
     def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
         """Chat messages -> prompt token ids (the tokenizer is safe to use from a worker thread)."""
         with self._tokenize:

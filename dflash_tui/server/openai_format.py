@@ -32,8 +32,9 @@ class Limits:
 
     model_ids: tuple[str, ...]  # names a request may give as `model`
     max_tokens_limit: int
-    block_size: Union[int, str, None] = None
+    block_size: Union[int, str, None] = None  # --block-size: a request's default (None: the draft's own)
     spec_metrics: str = "summary"  # none | summary | detailed: vLLM's --per-request-spec-decode-metrics
+    draft_block: int = 0  # the draft's trained block size, the most a request may ask for (0: no draft)
 
 
 @dataclass
@@ -50,12 +51,20 @@ class ChatRequest:
     include_usage: bool = False
     blocks: bool = False  # the dflash stream extension: every engine event as it happens
     spec_metrics: str = "summary"
+    block_size: Union[int, str, None] = None  # dflash.block_size; None: the server's default
+    # dflash.baseline: the target alone, nothing drafted. Its metrics.speculative_decoding stays, with zero
+    # steps and an all-zero histogram: vLLM's acceptance_metrics.md reports the object "with an all-zero
+    # histogram if the request drafted nothing" whenever speculative decoding is enabled on the server
+    baseline: bool = False
 
     def settings(self, block_size: Union[int, str, None] = None) -> Any:
+        """The engine's settings; `block_size` is the server's default, which the request's own overrides."""
         from dflash_tui.engine.conversation import GenerationSettings
 
-        return GenerationSettings(max_tokens=self.max_tokens, block_size=block_size, temperature=self.temperature,
-                                  top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, seed=self.seed)
+        block = self.block_size if self.block_size is not None else block_size
+        return GenerationSettings(max_tokens=self.max_tokens, block_size=block, temperature=self.temperature,
+                                  top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, seed=self.seed,
+                                  baseline=self.baseline)
 
 
 def _is_int(v: Any) -> bool:
@@ -156,15 +165,43 @@ def _stops(raw: Any) -> list[str]:
     return list(stops)
 
 
-def _dflash(raw: Any, default_level: str) -> tuple[bool, str]:
+@dataclass
+class Extension:
+    """The request's `dflash` object."""
+
+    blocks: bool
+    spec_metrics: str
+    block_size: Union[int, str, None] = None
+    baseline: bool = False
+
+
+EXTENSION_KEYS = ("blocks", "detailed", "baseline", "block_size")
+
+
+def _block_size(v: Any, draft_block: int) -> Union[int, str, None]:
+    if v is None or v == "auto":
+        return v
+    if not _is_int(v) or v < 1:
+        raise RequestError("'dflash.block_size' must be an integer >= 1 or \"auto\"", param="dflash")
+    if v > max(draft_block, 1):
+        why = (f"the draft was trained to draft blocks of {draft_block} tokens, and past that it guesses positions "
+               f"it never learned (1 to {draft_block}, or \"auto\")" if draft_block
+               else "this server has no draft: the target runs alone, with no block to size (1 or \"auto\")")
+        raise RequestError(f"'dflash.block_size' {v} refused: {why}", param="dflash")
+    return v
+
+
+def _dflash(raw: Any, limits: Limits) -> Extension:
     if raw is None:
-        return False, default_level
-    if not isinstance(raw, dict) or set(raw) - {"blocks", "detailed"}:
-        raise RequestError("'dflash' must be an object with only 'blocks' and 'detailed' (booleans)", param="dflash")
-    for key in ("blocks", "detailed"):
+        return Extension(False, limits.spec_metrics)
+    if not isinstance(raw, dict) or set(raw) - set(EXTENSION_KEYS):
+        raise RequestError("'dflash' must be an object with only 'blocks', 'detailed', 'baseline' (booleans) "
+                           "and 'block_size' (an integer >= 1 or \"auto\")", param="dflash")
+    for key in ("blocks", "detailed", "baseline"):
         if not isinstance(raw.get(key, False), bool):
             raise RequestError(f"'dflash.{key}' must be true or false", param="dflash")
-    return raw.get("blocks", False), "detailed" if raw.get("detailed") else default_level
+    return Extension(raw.get("blocks", False), "detailed" if raw.get("detailed") else limits.spec_metrics,
+                     _block_size(raw.get("block_size"), limits.draft_block), raw.get("baseline", False))
 
 
 def parse_chat_request(data: Any, limits: Limits) -> ChatRequest:
@@ -193,8 +230,8 @@ def parse_chat_request(data: Any, limits: Limits) -> ChatRequest:
     seed = data.get("seed")
     if seed is not None and not _is_int(seed):
         raise RequestError("'seed' must be an integer", param="seed")
-    blocks, level = _dflash(data.get("dflash"), limits.spec_metrics)
-    if blocks and not stream:
+    ext = _dflash(data.get("dflash"), limits)
+    if ext.blocks and not stream:
         raise RequestError("'dflash.blocks' is a stream extension: it needs 'stream': true", param="dflash")
     return ChatRequest(
         messages=parse_messages(data.get("messages")),
@@ -207,8 +244,10 @@ def parse_chat_request(data: Any, limits: Limits) -> ChatRequest:
         stop=_stops(data.get("stop")),
         stream=stream,
         include_usage=bool(stream and options and options.get("include_usage")),
-        blocks=blocks,
-        spec_metrics=level,
+        blocks=ext.blocks,
+        spec_metrics=ext.spec_metrics,
+        block_size=ext.block_size,
+        baseline=ext.baseline,
     )
 
 
