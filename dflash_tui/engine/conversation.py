@@ -17,7 +17,7 @@ from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
 from dflash_tui.engine.loading import Pair
 from dflash_tui.engine.sampling import KeyStream, SamplingConfig, sample
 from dflash_tui.engine.speculative import Proposer, dflash_cycles, draft_logits
-from dflash_tui.engine.state import DecodeState
+from dflash_tui.engine.state import DecodeState, common_prefix
 from dflash_tui.errors import UserError
 
 if TYPE_CHECKING:
@@ -60,28 +60,12 @@ def context_length(target: Any) -> Optional[int]:
     return None
 
 
-def exact_reuse(state: DecodeState) -> int:
-    """How much of its caches a turn may reuse and still equal a fresh mlx-lm run over the whole
-    conversation: all of them, except behind a sliding window, whose one-token steps see their
-    keys in ring order where a prefill sees them in time order (window_cache.py), so rows from
-    steps and verifies are computed afresh."""
-    return state.prefilled if state.target.windowed else len(state.tokens)
-
-
 def _stopped_stats(use_draft: bool, prompt: list[int], cached: int, prefill_s: float) -> dict[str, Any]:
     """The figures of a turn stopped during its prefill: nothing generated."""
     zero = ("generated_tokens", "decode_s", "decode_tps", "cycles", "tokens_per_cycle", "acceptance", "draft_ms",
             "verify_ms", "rollback_ms", "prefill_tps")
     return {"mode": "dflash" if use_draft else "baseline", "prompt_tokens": len(prompt), "cached_tokens": cached,
             "prefill_s": prefill_s, "ttft_s": prefill_s, **{k: 0 for k in zero}}
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class Conversation:
@@ -224,7 +208,7 @@ class Conversation:
         if self.saved is not None and ranks is None:
             self.saved.warm(state, prompt)  # a saved turn that holds more of this prompt than memory does
         # reuse what the caches already hold; at least one token must be prefilled
-        cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1, exact_reuse(state)))
+        cached = state.truncate(min(common_prefix(state.tokens, prompt), len(prompt) - 1, state.exact_reuse()))
         logits, prefill_s = state.prefill(prompt[cached:], settings.prefill_chunk, should_cancel)
         yield Prefill(prompt_tokens=len(prompt), cached_tokens=cached, seconds=prefill_s)
         if logits is None:  # stopped between prefill chunks: no reply; the caches keep what was prefilled

@@ -36,6 +36,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, save_prompt_cache
 
 from dflash_tui.engine.hybrid import HybridCache, Snapshot
+from dflash_tui.engine.state import common_prefix
 from dflash_tui.engine.window_cache import WindowKVCache
 
 FORMAT = "dflash-tui-prompt-cache/1"
@@ -60,19 +61,11 @@ class Entry:
 
     def usable(self, prompt: list[int]) -> int:
         """Tokens of `prompt` this file would spare from prefill (the engine prefills at least one)."""
-        shared = _common_prefix(self.tokens, prompt)
+        shared = common_prefix(self.tokens, prompt)
         shared = min(shared, len(prompt) - 1)
         if shared >= len(self.tokens) or not self.hybrid:
             return min(shared, len(self.tokens))
         return max((s for s in self.snapshots if s <= shared), default=0)  # a recurrent state rolls back only there
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def pair_key(pair: Any) -> str:
@@ -182,8 +175,7 @@ class PromptCacheFiles:
     def warm(self, state: Any, prompt: list[int]) -> int:
         """Put the saved caches that spare the most of `prompt`'s prefill into `state`, when they
         spare more than what `state` already holds; returns the tokens now held (0: nothing loaded)."""
-        in_memory = min(_common_prefix(state.tokens, prompt), len(prompt) - 1,
-                        state.prefilled if getattr(state.target, "windowed", False) else len(state.tokens))
+        in_memory = min(common_prefix(state.tokens, prompt), len(prompt) - 1, state.exact_reuse())
         entry = self.best(prompt, already=in_memory)
         if entry is None:
             return 0
@@ -305,7 +297,7 @@ class PromptCacheFiles:
     def _drop_superseded(self, tokens: list[int], keep: Path) -> None:
         """Earlier turns of the same conversation: files whose reusable part the new one holds."""
         for e in self.entries():
-            if e.path != keep and len(e.tokens) <= len(tokens) and _common_prefix(e.tokens, tokens) >= max(e.reusable, 1):
+            if e.path != keep and len(e.tokens) <= len(tokens) and common_prefix(e.tokens, tokens) >= max(e.reusable, 1):
                 e.path.unlink(missing_ok=True)
 
     def _evict(self, budget: int) -> None:

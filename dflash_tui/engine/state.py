@@ -11,6 +11,14 @@ from dflash_tui.engine.draft import DFlashDraft
 from dflash_tui.engine.target import Target
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class DecodeState:
     """Target cache + draft cache + the tokens they hold.
 
@@ -54,6 +62,13 @@ class DecodeState:
             self.draft.append_context(feats, self.draft_cache)
 
     # -- rolling back to a shared prefix ----------------------------------
+    def exact_reuse(self) -> int:
+        """How much of its caches a turn may reuse and still equal a fresh mlx-lm run over the whole
+        conversation: all of them, except behind a sliding window, whose one-token steps see their
+        keys in ring order where a prefill sees them in time order (window_cache.py), so rows from
+        steps and verifies are computed afresh."""
+        return self.prefilled if self.target.windowed else len(self.tokens)
+
     def truncate(self, keep: int) -> int:
         """Keep the first `keep` cached tokens (fewer if the cache cannot roll back)."""
         n = len(self.tokens)

@@ -14,11 +14,14 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill
 from dflash_tui.server.metrics import RequestRecord, ServerMetrics
 from dflash_tui.server.spec_tally import SpecTally
+
+if TYPE_CHECKING:
+    from dflash_tui.engine.distributed import Ranks
 
 END = None  # the last item a job's queue receives
 PROBE_TOKENS = 32  # as the TUI's baseline probe (config.toml's baseline_probe_tokens)
@@ -60,6 +63,8 @@ class Job:
 
 
 class EngineThread:
+    ranks: Optional["Ranks"] = None  # set under `serve --distributed` (ranked_engine.py)
+
     def __init__(self, model: str, draft: Optional[str], *, trust_remote_code: bool = False,
                  block_size: Union[int, str, None] = None, max_queue: int = 64,
                  probe_tokens: int = PROBE_TOKENS, draft_quant: int = 0) -> None:
@@ -178,13 +183,14 @@ class EngineThread:
         from dflash_tui.engine.loading import load_pair
 
         pair = load_pair(self.model, self.draft, trust_remote_code=self.trust_remote_code, require_draft=False,
-                         draft_quant=self.draft_quant)
+                         ranks=self.ranks, draft_quant=self.draft_quant)
         self.conversation = Conversation(pair)
+        self.conversation.ranks = self.ranks
         if pair.draft is not None:
             self.num_spec_tokens = pair.draft.config.block_size - 1
             if isinstance(self.block_size, int):
                 self.num_spec_tokens = max(0, min(self.block_size, pair.draft.config.block_size) - 1)
-        if self.probe_tokens > 0:
+        if self.probe_tokens > 0 and self.ranks is None:  # sharded, every rank would have to run it alike
             try:
                 self._probe()
             except Exception:  # the pair serves; only the remote TUI's speedup stays unknown

@@ -43,19 +43,6 @@ class RankedEngineThread(EngineThread):
             self.ranks.failed = True
         return True
 
-    def _load(self) -> None:
-        from dflash_tui.engine.conversation import Conversation
-        from dflash_tui.engine.loading import load_pair
-
-        pair = load_pair(self.model, self.draft, trust_remote_code=self.trust_remote_code, require_draft=False,
-                         ranks=self.ranks, draft_quant=self.draft_quant)
-        self.conversation = Conversation(pair)
-        self.conversation.ranks = self.ranks
-        if pair.draft is not None:
-            self.num_spec_tokens = pair.draft.config.block_size - 1
-            if isinstance(self.block_size, int):
-                self.num_spec_tokens = max(0, min(self.block_size, pair.draft.config.block_size) - 1)
-
     def _run(self) -> None:
         try:
             self._load()
