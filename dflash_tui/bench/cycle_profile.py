@@ -1,0 +1,116 @@
+"""Benchmark (not a test): where a cycle's time goes, Python against the device.
+
+For one random-weight real-shape target at one context, each forward variant is
+timed as `build` (Python building the lazy graph, up to the evaluation call) and
+`total` (until the result is on the host), median over `--reps` runs, every run
+on the same cache length (the cache is trimmed back after each):
+
+- `mlx-lm step`: the bare mlx-lm model on one token (what `stream_generate` runs);
+- `engine step`: the engine's `Target.forward` on one token (capture hooks armed);
+- `mlx-lm verify L`: the bare model on L tokens; `engine verify L`: `Target.forward`
+  on L tokens, with and without its mid-forward evaluation (`flush_every`);
+- `draft L`: the draft's proposals for a block of L.
+
+Where `build` is close to `total`, the forward is bound by Python and MLX's
+graph building, not by the GPU; a faster kernel then buys nothing.
+
+    python -m dflash_tui.bench.cycle_profile --shape qwen3-4b qwen3-8b-4bit --context 128 4096
+    python -m dflash_tui.bench.cycle_profile --shape tiny --reps 3     # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
+from dflash_tui.engine.speculative import draft_proposals
+from dflash_tui.engine.state import DecodeState
+
+
+def _timed(run: Callable[[], Any], reset: Callable[[], None], reps: int) -> dict[str, float]:
+    builds, totals = [], []
+    for i in range(reps + 2):
+        mx.synchronize()
+        tic = time.perf_counter()
+        out = run()
+        built = time.perf_counter()
+        mx.eval(out)
+        done = time.perf_counter()
+        reset()
+        if i >= 2:  # the first two warm up (kernel builds, allocator)
+            builds.append((built - tic) * 1e3)
+            totals.append((done - tic) * 1e3)
+    return {"build_ms": statistics.median(builds), "total_ms": statistics.median(totals)}
+
+
+def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype) -> list[dict[str, Any]]:
+    target, draft = build(shape, 5, dtype)
+    state = DecodeState(target, draft)
+    prompt = random_prompt(target.vocab_size, context)
+    logits, _ = state.prefill(prompt)
+    token = int(logits.argmax().item())
+    cache = state.target_cache
+    rows: list[dict[str, Any]] = []
+
+    # attention caches drop the rows again; recurrent ones get their state back (a forward
+    # replaces their arrays, never writes into them)
+    states = {i: c.state for i, c in enumerate(cache) if not hasattr(c, "trim")}
+
+    def trim(n: int) -> Callable[[], None]:
+        def reset() -> None:
+            for i, c in enumerate(cache):
+                if i in states:
+                    c.state = states[i]
+                else:
+                    c.trim(n)
+        return reset
+
+    def add(name: str, run: Callable[[], Any], reset: Callable[[], None]) -> None:
+        try:
+            row = {"shape": shape, "context": context, "variant": name, **_timed(run, reset, reps)}
+        except Exception as exc:  # one variant failing must not lose the others
+            row = {"shape": shape, "context": context, "variant": name, "error": f"{type(exc).__name__}: {exc}"}
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+
+    one = mx.array([[token]])
+    many = mx.array([[token] * block])
+    bare = target.model
+    add("mlx-lm step", lambda: bare(one, cache=cache), trim(1))
+    add("engine step", lambda: target.forward(one, cache)[0], trim(1))
+    add(f"mlx-lm verify {block}", lambda: bare(many, cache=cache), trim(block))
+    add(f"engine verify {block}", lambda: list(target.forward(many, cache)), trim(block))
+    keep = target.flush_every
+    target.flush_every = 0
+    add(f"engine verify {block} no flush", lambda: list(target.forward(many, cache)), trim(block))
+    target.flush_every = keep
+    state.pending.append(target.forward(one, cache)[1])
+    mx.eval(state.pending)
+    trim(1)()
+    add(f"draft {block}", lambda: draft_proposals(state, token, block), lambda: None)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), nargs="+", default=["tiny"])
+    p.add_argument("--context", type=int, nargs="+", default=[128])
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    args = p.parse_args(argv)
+    rows = [r for shape in args.shape for ctx in args.context
+            for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype))]
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
