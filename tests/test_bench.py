@@ -172,3 +172,15 @@ def test_cycle_profile_times_every_forward_variant_on_attention_and_hybrid_targe
         for r in got.values():
             assert "error" not in r, r
             assert 0 < r["build_ms"] <= r["total_ms"]
+
+
+def test_exactness_on_random_shape_pairs_equals_a_second_instance_on_cpu(capsys):
+    from dflash_tui.bench import exactness
+
+    assert exactness.main(["--shape", "tiny", "tiny-hybrid", "--random-prompts", "2", "--prompt-tokens", "20",
+                           "--max-tokens", "20", "--block-size", "4", "auto"]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert set(summary) == {"tiny", "tiny-hybrid"}
+    for per_block in summary.values():
+        assert set(per_block) == {"4", "auto"}
+        assert all(s["identical"] == s["prompts"] == 2 for s in per_block.values()), per_block

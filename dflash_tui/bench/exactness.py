@@ -9,6 +9,12 @@ counts how often that changes a reply, and where.
 
     python -m dflash_tui.bench.exactness --demo --prompts dflash_tui/demo/heldout_prompts.jsonl \\
         --max-tokens 256 --block-size 4 8 16 auto --json
+
+`--shape NAME` (cycle_cost's shapes) runs a random-weight pair of a real model's
+shape instead, on `--random-prompts` prompts of `--prompt-tokens` random ids; the
+reference is a second, equal instance of the same random target.
+
+    python -m dflash_tui.bench.exactness --shape qwen3-4b qwen3-8b-4bit --random-prompts 4 --block-size 4 8 16 auto
 """
 
 from __future__ import annotations
@@ -70,6 +76,20 @@ def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_
     return rows
 
 
+def random_shape_rows(shape: str, count: int, prompt_tokens: int, max_tokens: int,
+                      block_sizes: list[Union[int, str]], dtype: mx.Dtype) -> list[Comparison]:
+    """`compare` on a random-weight pair of `shape` against a second, equal instance of its target."""
+    from dflash_tui.bench.cycle_cost import build, random_prompt, target_model
+    from dflash_tui.bench.references import tokenizer_for
+
+    target, draft = build(shape, 5, dtype)
+    target.tokenizer = tokenizer_for()
+    vanilla = target_model(shape, dtype)[0]
+    mx.random.seed(7)
+    prompts = [random_prompt(target.vocab_size, prompt_tokens) for _ in range(count)]
+    return compare(Pair(target, draft, shape, shape), (vanilla, target.tokenizer), prompts, max_tokens, block_sizes)
+
+
 def summary(rows: list[Comparison]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
@@ -93,8 +113,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--block-size", type=_block_size, nargs="+", default=[16])
+    p.add_argument("--shape", nargs="+", default=None, help="random-weight pairs of these shapes (cycle_cost's)")
+    p.add_argument("--random-prompts", type=int, default=4, help="with --shape: prompts per shape")
+    p.add_argument("--prompt-tokens", type=int, default=64, help="with --shape: tokens per prompt")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.shape:
+        reports = {shape: summary(random_shape_rows(shape, args.random_prompts, args.prompt_tokens, args.max_tokens,
+                                                    args.block_size, mx.bfloat16)) for shape in args.shape}
+        print(json.dumps({"device": str(mx.default_device()), "max_tokens": args.max_tokens, "summary": reports},
+                         indent=2))
+        return 0
     texts = read_prompts(args)
     model, draft = resolve_pair(args)
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code)
