@@ -46,3 +46,23 @@ def test_zlab_reference_gives_its_layers_back():
     ms = references.zlab_cycle_ms(model, zd, references.tokenizer_for(), list(range(5, 25)), 4, 6)
     assert ms > 0
     assert all(x is y for x, y in zip(model.model.layers, layers)) and "_hidden_states" not in model
+
+
+def test_draft_widths_are_measured_side_by_side_on_quantized_copies(capsys):
+    import json
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from dflash_tui.bench import cycle_cost
+
+    target, draft = cycle_cost.build("tiny", 2, mx.float32)
+    drafts = cycle_cost.quantized_drafts(draft, [0, 4, 8])
+    assert drafts[0] is draft and not any(isinstance(m, nn.QuantizedLinear) for _, m in draft.named_modules())
+    for bits in (4, 8):
+        quantized = [m for _, m in drafts[bits].named_modules() if isinstance(m, nn.QuantizedLinear)]
+        assert quantized and all(m.bits == bits for m in quantized)
+    assert cycle_cost.main(["--shape", "tiny", "--prompt", "12", "--block-size", "4", "--tokens", "6",
+                            "--draft-quant", "0", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sorted(r["draft_quant"] for r in rows) == [0, 8]

@@ -41,6 +41,7 @@ from dflash_tui.bench.references import tokenizer_for, vanilla_step_ms, zlab_ava
 from dflash_tui.engine import cuda_kernels
 from dflash_tui.engine.cuda_kernels import kernels_wanted
 from dflash_tui.engine.draft import DFlashDraft, default_attention_mode
+from dflash_tui.engine.draft_quant import quantize_draft
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals, lazy_draft_wanted
 from dflash_tui.engine.state import DecodeState
 from dflash_tui.engine.target import Target
@@ -170,12 +171,28 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
 def _print_row(r: dict[str, Any]) -> None:
     price = f", {r['price']:.2f} vanilla steps" if "price" in r else ""
     zlab = f", z-lab {r['zlab_price']:.2f}" if r.get("zlab_price") else ""
-    print(f"{r['shape']} ctx {r['context']} {r.get('setup', '')} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
+    quant = f" draft {r['draft_quant']}-bit" if r.get("draft_quant") else ""
+    print(f"{r['shape']} ctx {r['context']} {r.get('setup', '')}{quant} block {r['block_size']:>2}: step {r['step_ms']:.2f} ms, "
           f"cycle {r['cycle_ms']:.2f} ms = {r['steps_per_cycle']:.2f} steps/cycle{price}{zlab} (draft "
           f"{r['draft_ms']:.2f}, verify {r['verify_ms']:.2f}, rollback {r['rollback_ms']:.2f} ms)", flush=True)
 
 
-def _measure_context(target: Target, draft: DFlashDraft, refs: dict[str, Any], args: argparse.Namespace,
+def quantized_drafts(draft: DFlashDraft, widths: list[int]) -> dict[int, DFlashDraft]:
+    """The draft as built (0) and copies of it with linear layers quantized to each width."""
+    drafts = {}
+    for bits in widths:
+        if bits == 0:
+            drafts[0] = draft
+            continue
+        copy = DFlashDraft(draft.config)
+        copy.update(draft.parameters())
+        quantize_draft(copy, bits)
+        mx.eval(copy.parameters())
+        drafts[bits] = copy
+    return drafts
+
+
+def _measure_context(target: Target, drafts: dict[int, DFlashDraft], refs: dict[str, Any], args: argparse.Namespace,
                      defaults: dict[str, Any], shape: str, context: int) -> list[dict[str, Any]]:
     """Every setup and block size at one context length, with the references on the same prompt."""
     prompt = random_prompt(target.vocab_size, context)
@@ -184,10 +201,10 @@ def _measure_context(target: Target, draft: DFlashDraft, refs: dict[str, Any], a
         common["vanilla_step_ms"] = vanilla_step_ms(refs["vanilla"], refs["tokenizer"], prompt, args.tokens)
     rows: list[dict[str, Any]] = []
     for _ in range(args.repeat):
-        for name in args.setups or [None]:
+        for name, (bits, draft) in ((n, d) for n in args.setups or [None] for d in drafts.items()):
             setup = apply_setup(target, draft, name, defaults) if name else {}
             for b in args.block_size:
-                row = {**common, **setup, **measure(target, draft, b, prompt, args.tokens)}
+                row = {**common, **setup, "draft_quant": bits, **measure(target, draft, b, prompt, args.tokens)}
                 if "vanilla_step_ms" in row:
                     row["price"] = row["cycle_ms"] / row["vanilla_step_ms"]
                     row["target_alone_price"] = row["step_ms"] / row["vanilla_step_ms"]
@@ -201,7 +218,7 @@ def _measure_context(target: Target, draft: DFlashDraft, refs: dict[str, Any], a
                     r.setdefault("zlab_error", f"{type(exc).__name__}: {exc}"[:200])
                 break
             for r in rows:
-                if r["block_size"] == b:
+                if r["block_size"] == b and r["draft_quant"] == 0:
                     r["zlab_cycle_ms"] = ms
                     r["zlab_price"] = ms / r["vanilla_step_ms"]
     for r in rows:
@@ -221,10 +238,11 @@ def _measure_shape(shape: str, args: argparse.Namespace, defaults: dict[str, Any
         refs["tokenizer"] = tokenizer_for()
     if args.zlab and zlab_available():
         refs["zlab_draft"] = zlab_draft(draft.config, dtype)
+    drafts = quantized_drafts(draft, args.draft_quant)
     rows = []
     for context in args.prompt:
-        rows += _measure_context(target, draft, refs, args, defaults, shape, context)
-    del target, draft, refs
+        rows += _measure_context(target, drafts, refs, args, defaults, shape, context)
+    del target, draft, drafts, refs
     mx.clear_cache()
     return rows
 
@@ -243,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vanilla", action="store_true", help="also time mlx_lm.stream_generate (price in its steps)")
     p.add_argument("--zlab", action="store_true", help="also time the dflash package's MLX reference, if installed")
     p.add_argument("--zlab-tokens", type=int, default=24, help="tokens the reference decodes per measurement")
+    p.add_argument("--draft-quant", type=int, nargs="+", choices=[0, 4, 8], default=[0],
+                   help="draft widths to measure side by side (0: as built, bf16)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
