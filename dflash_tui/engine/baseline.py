@@ -44,13 +44,15 @@ def baseline_cycles(
     tic = time.perf_counter()
     while remaining() > 0 and not should_cancel():
         cur = nxt
-        token = cur.item()
         if remaining() > 1:
-            # queue the next step before handing this token out
-            state.tokens.append(token)
+            # build and queue the next step on the device's copy of this token before reading it
+            # (as mlx_lm.stream_generate does): the device never waits for Python between steps
             nxt = step(cur)
             mx.async_eval(nxt)
+            token = cur.item()
+            state.tokens.append(token)
         else:
+            token = cur.item()
             nxt = None
         now = time.perf_counter()
         yield Cycle(drafted=[], accepted=0, emitted=[token], draft_ms=0.0, verify_ms=(now - tic) * 1e3, rollback_ms=0.0)
