@@ -136,3 +136,19 @@ def test_bad_shapes_are_refused(q_shape, k_shape):
     q, k = mx.zeros(q_shape, mx.bfloat16), mx.zeros(k_shape, mx.bfloat16)
     with pytest.raises(ValueError, match="step_attention"):
         sa.step_attention(q, k, k, 0.25)
+
+
+def test_bench_part_runs_on_the_tiny_shape(capsys):
+    from dflash_tui.bench import batch_invariance as bi
+
+    assert bi.main(["--shape", "tiny", "--context", "5", "--parts", "step-attention"]) == 0
+    out = capsys.readouterr()
+    import json
+
+    rows = json.loads(out.out)["rows"]
+    assert [r["context"] for r in rows] == [5] and json.loads(out.err.strip().splitlines()[-1]) == rows[0]
+    row = rows[0]
+    assert "error" not in row and not any(k.endswith("_error") for k in row), row
+    # off CUDA both exact paths are one MLX call per query: every row equals its decode step
+    assert row["per_query_equal_rows"] == 16 and row["routed_equal_rows"] == 16 and row["routed_rows"] == "=" * 16
+    assert row["routed_repeatable"] and row["routed_36_layers_ms"] > 0 and "kernel_equal_rows" not in row

@@ -98,16 +98,18 @@ __device__ __forceinline__ void sv_key(const float (&qv)[VPT], const T* kr, cons
 }
 """
 
-# Grid: 8 blocks of 1024 threads per (head, query), blockIdx.x = (h * L + l) * 8 + r.
-# Query l sees kL = S - L + l + 1 keys. kL <= 1024: block r = 0 replays kernel_sdpav_1pass
-# (the other 7 return at once) and writes the output row. kL > 1024: block r holds 4 groups
+# Grid: R blocks of 1024 threads per (head, query), blockIdx.x = (h * L + l) * R + r; R = 8
+# where some query sees more than 1024 keys (TWO_PASS), else 1. Query l sees
+# kL = S - L + l + 1 keys. kL <= 1024: block r = 0 replays kernel_sdpav_1pass (the other
+# blocks of the row return at once) and writes the output row. kL > 1024: block r holds 4 groups
 # of 8 warps, virtual 2-pass block b = 4 r + group, and replays kernel_sdpav_2pass_1 into
 # part_o / part_ms; the second launch replays kernel_sdpav_2pass_2.
 _PASS1_SOURCE = """
   constexpr int VPT = D / 32;
   const int H = q_shape[1], L = q_shape[2], S = k_shape[2];
   const int G = H / k_shape[1];
-  const int r = blockIdx.x % 8, hl = blockIdx.x / 8;
+  constexpr int R = TWO_PASS ? 8 : 1;  // blocks per (head, query)
+  const int r = blockIdx.x % R, hl = blockIdx.x / R;
   const int h = hl / L, l = hl % L, hk = h / G;
   const int kL = S - L + l + 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -304,7 +306,7 @@ def step_attention_kernel(q: mx.array, keys: mx.array, values: mx.array, scale: 
         template=[("T", q.dtype), ("D", D), ("TWO_PASS", two_pass),
                   ("SCALE_1PASS_BITS", _f32_bits(one_pass_scale(scale))),
                   ("SCALE_2PASS_BITS", _f32_bits(two_pass_scale(scale)))],
-        grid=(H * L * 8 * 1024, 1, 1),
+        grid=(H * L * (8 if two_pass else 1) * 1024, 1, 1),
         threadgroup=(1024, 1, 1),
         output_shapes=[q.shape, part + (D,) if two_pass else part, part + (2,) if two_pass else part],
         output_dtypes=[q.dtype, mx.float32, mx.float32],
