@@ -30,47 +30,42 @@ using Strides = cuda::std::array<int64_t, 10>;
 """
 
 
-def _template_kernel(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[str],
-                     params: str) -> tuple[str, str]:
-    """A kernel body as MLX's cuda_kernel wraps it (a template over the template constants,
-    the generated signature with shape/stride arguments for the names the body uses), and
-    the arguments of a launch that instantiates it."""
-    args, call = [], []
+def _wrapped(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[str], consts: list[str]) -> str:
+    """A kernel body as MLX's cuda_kernel wraps it: the generated signature (shape/stride
+    arguments for the names the body uses), the template constants as local constants."""
+    args = []
     for arg, ctype in inputs:
         args.append(f"const {ctype}* {arg}")
-        call.append("nullptr")
         for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
             if re.search(rf"\b{arg}{suffix}\b", source):
                 args.append(f"const __grid_constant__ {kind} {arg}{suffix}")
-                call.append(f"{kind}{{}}")
-    args += outputs
-    call += ["nullptr"] * len(outputs)
-    return f"template <{params}>\n__global__ void {name}({', '.join(args)}) {{\n{source}\n}}\n", ", ".join(call)
+    body = "".join(f"  {c};\n" for c in consts) + source
+    return f"__global__ void {name}({', '.join(args + outputs)}) {{\n{body}\n}}\n"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_every_instantiation_compiles_and_fits_1024_threads(tmp_path):
-    pass1, call1 = _template_kernel("pass1", sa._PASS1_SOURCE, [("q", "T"), ("k", "T"), ("v", "T")],
-                                    ["T* out", "float* part_o", "float* part_ms"],
-                                    "typename T, int D, bool TWO_PASS, int SCALE_1PASS_BITS, int SCALE_2PASS_BITS")
-    pass2, call2 = _template_kernel("pass2", sa._PASS2_SOURCE, [("first", "T"), ("k", "T"), ("part_o", "float"),
-                                                                ("part_ms", "float")], ["T* out"], "typename T, int D")
     s1, s2 = sa._f32_bits(sa.one_pass_scale(128 ** -0.5)), sa._f32_bits(sa.two_pass_scale(128 ** -0.5))
-    launches = []
+    kernels = []
     for t in ("__nv_bfloat16", "__half"):
         for d in sa.VECTOR_HEAD_DIMS:
             for two in ("false", "true"):
-                launches.append(f"pass1<{t}, {d}, {two}, {s1}, {s2}><<<1, 1024>>>({call1});")
-            launches.append(f"pass2<{t}, {d}><<<1, 1024>>>({call2});")
-    src = (_STUB + sa._STEP_HEADER + "namespace mlx { namespace core { namespace cu {\n" + pass1 + pass2
-           + "void launch_all() {\n" + "\n".join(launches) + "\n}\n}}}\n")
+                kernels.append(_wrapped(f"pass1_{t}_{d}_{two}", sa._PASS1_SOURCE, [("q", t), ("k", t), ("v", t)],
+                                        [f"{t}* out", "float* part_o", "float* part_ms"],
+                                        [f"using T = {t}", f"constexpr int D = {d}", f"constexpr bool TWO_PASS = {two}",
+                                         f"constexpr int SCALE_1PASS_BITS = {s1}",
+                                         f"constexpr int SCALE_2PASS_BITS = {s2}"]))
+            kernels.append(_wrapped(f"pass2_{t}_{d}", sa._PASS2_SOURCE, [("first", t), ("k", t), ("part_o", "float"),
+                                                                        ("part_ms", "float")], [f"{t}* out"],
+                                    [f"using T = {t}", f"constexpr int D = {d}"]))
+    src = _STUB + sa._STEP_HEADER + "namespace mlx { namespace core { namespace cu {\n" + "".join(kernels) + "}}}\n"
     path = tmp_path / "k.cu"
     path.write_text(src)
     out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(path), "-o",
                           str(tmp_path / "k.o")], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", out.stderr)]
-    assert len(regs) == len(launches)
+    assert len(regs) == len(kernels)
     assert max(regs) <= 64, out.stderr  # 65536 registers per block of 1024 threads
     assert set(re.findall(r"(\d+) bytes spill stores", out.stderr)) <= {"0"}, out.stderr
 
