@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import types
 from typing import Any, Callable
@@ -241,6 +242,76 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtyp
             "per_query_ms": _timed(lambda: per_query(q, keys, values, None, scale, "causal"))}
 
 
+def check_step_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtype: mx.Dtype) -> dict[str, Any]:
+    """16 verify queries over a KVCache against 16 decode steps: MLX's multi-query call, one
+    MLX call per query, the step-attention kernel on every row (CUDA, head dims 64/96/128)
+    and `step_attention` as routed (kernel where exact, MLX calls where the step is cuDNN's);
+    times of one call and of 36 layers' calls in one graph."""
+    from mlx_lm.models.cache import KVCache
+
+    from dflash_tui.engine import cuda_step_attention as sa
+
+    mx.random.seed(5)
+    k_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
+    v_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
+    q = mx.random.normal((1, ROWS, heads, head_dim)).astype(dtype).transpose(0, 2, 1, 3)
+    scale = head_dim ** -0.5
+    step_cache, block_cache = KVCache(), KVCache()
+    for c in (step_cache, block_cache):
+        c.update_and_fetch(k_all[:, :, :context], v_all[:, :, :context])
+    mx.eval(step_cache.keys, block_cache.keys)
+    steps = []
+    for i in range(ROWS):
+        keys, values = step_cache.update_and_fetch(k_all[:, :, context + i : context + i + 1],
+                                                   v_all[:, :, context + i : context + i + 1])
+        q_step = mx.contiguous(q.transpose(0, 2, 1, 3)[:, i : i + 1]).transpose(0, 2, 1, 3)
+        steps.append(mx.fast.scaled_dot_product_attention(q_step, keys, values, scale=scale, mask=None))
+        mx.eval(steps[-1])
+    steps = mx.concatenate(steps, axis=2)
+    keys, values = block_cache.update_and_fetch(k_all[:, :, context:], v_all[:, :, context:])
+    mx.eval(keys, values)
+    row: dict[str, Any] = {"part": "step-attention", "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
+                           "context": context, "cudnn_decoding": sa.cudnn_decoding(),
+                           "step_kernels": sorted({sa.single_query_kernel(context + i + 1, head_dim)
+                                                   for i in range(ROWS)})}
+    variants = {"fused": lambda: mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal"),
+                "per_query": lambda: sa.per_query_attention(q, keys, values, scale),
+                "routed": lambda: sa.step_attention(q, keys, values, scale)}
+    if sa.on_cuda() and head_dim in sa.VECTOR_HEAD_DIMS:
+        variants["kernel"] = lambda: sa.step_attention_kernel(q, keys, values, scale)
+    for name, fn in variants.items():
+        try:
+            out = fn()
+            mx.eval(out)
+            same = [bool(mx.array_equal(out[:, :, i], steps[:, :, i]).item()) for i in range(ROWS)]
+            row[f"{name}_equal_rows"] = sum(same)
+            row[f"{name}_rows"] = "".join("=" if x else "x" for x in same)
+            row[f"{name}_max_diff"] = float(mx.abs(out.astype(mx.float32) - steps.astype(mx.float32)).max().item())
+            row[f"{name}_repeatable"] = bool(mx.array_equal(fn(), out).item())
+            row[f"{name}_ms"] = _timed(fn)
+            row[f"{name}_36_layers_ms"] = _timed(lambda: [fn() for _ in range(36)], reps=5)  # noqa: B023
+        except Exception as e:  # one variant failing must not lose the others
+            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
+
+
+def step_attention_rows(shape: str, contexts: list[int], dtype: mx.Dtype) -> list[dict[str, Any]]:
+    """`check_step_attention` for the shape's attention and, beside a real shape, Qwen3.5's
+    full-attention layers (256-wide heads); each row printed to stderr as soon as measured."""
+    rows = []
+    for name in [shape] + (["qwen3.5-4b"] if shape != "tiny" else []):
+        d = SHAPES[name]["dims"]
+        for c in contexts:
+            try:
+                row = check_step_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype)
+            except Exception as e:
+                row = {"part": "step-attention", "shape": name, "context": c, "error": f"{type(e).__name__}: {e}"[:300]}
+            row["shape"] = name
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    return rows
+
+
 def check_row_ops(hidden: int, heads: int, head_dim: int, dtype: mx.Dtype) -> dict[str, Any]:
     from mlx_lm.models.activations import swiglu
 
@@ -340,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=[s for s in SHAPES if SHAPES[s]["kind"] == "qwen3"], default="tiny")
     p.add_argument("--context", type=int, nargs="+", default=[100])
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--parts", nargs="+", choices=["linear", "attention", "row-ops", "model"],
+    p.add_argument("--parts", nargs="+", choices=["linear", "attention", "row-ops", "model", "step-attention"],
                    default=["linear", "attention", "row-ops", "model"])
     args = p.parse_args(argv)
     dtype = getattr(mx, args.dtype)
@@ -355,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     if "attention" in args.parts:
         for c in args.context:
             rows.append(check_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype))
+    if "step-attention" in args.parts:
+        rows += step_attention_rows(args.shape, args.context, dtype)
     if "row-ops" in args.parts:
         rows.append(check_row_ops(d["hidden"], d["heads"], d["head_dim"], dtype))
     if "model" in args.parts:

@@ -1,0 +1,149 @@
+"""The step-attention kernel (a verify's rows equal to single-query decode steps), on the CPU.
+
+Bit-equality with MLX CUDA's `sdpa_vector` can only be checked on the GPU
+(`python -m dflash_tui.bench.batch_invariance --parts step-attention`). Here: every kernel
+instantiation compiles with nvcc (and fits the 1024-thread blocks it is launched with), the
+path taken off CUDA equals one `mx.fast.scaled_dot_product_attention` call per query over a
+real `KVCache` grown step by step, the kernel-choice rules follow MLX's, and bad shapes are
+refused with one clear error.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache
+
+from dflash_tui.engine import cuda_step_attention as sa
+
+_STUB = """
+#include <cooperative_groups.h>
+#include <cuda/std/array>
+namespace mlx { namespace core { namespace cu {
+using Shape = cuda::std::array<int32_t, 10>;
+using Strides = cuda::std::array<int64_t, 10>;
+}}}
+"""
+
+
+def _wrapped(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[str], consts: list[str]) -> str:
+    """A kernel body as MLX's cuda_kernel wraps it: the generated signature (shape/stride
+    arguments for the names the body uses), the template constants as local constants."""
+    args = []
+    for arg, ctype in inputs:
+        args.append(f"const {ctype}* {arg}")
+        for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
+            if re.search(rf"\b{arg}{suffix}\b", source):
+                args.append(f"const __grid_constant__ {kind} {arg}{suffix}")
+    body = "".join(f"  {c};\n" for c in consts) + source
+    return f"__global__ void {name}({', '.join(args + outputs)}) {{\n{body}\n}}\n"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_every_instantiation_compiles_and_fits_1024_threads(tmp_path):
+    s1, s2 = sa._f32_bits(sa.one_pass_scale(128 ** -0.5)), sa._f32_bits(sa.two_pass_scale(128 ** -0.5))
+    kernels = []
+    for t in ("__nv_bfloat16", "__half"):
+        for d in sa.VECTOR_HEAD_DIMS:
+            for two in ("false", "true"):
+                kernels.append(_wrapped(f"pass1_{t}_{d}_{two}", sa._PASS1_SOURCE, [("q", t), ("k", t), ("v", t)],
+                                        [f"{t}* out", "float* part_o", "float* part_ms"],
+                                        [f"using T = {t}", f"constexpr int D = {d}", f"constexpr bool TWO_PASS = {two}",
+                                         f"constexpr int SCALE_1PASS_BITS = {s1}",
+                                         f"constexpr int SCALE_2PASS_BITS = {s2}"]))
+            kernels.append(_wrapped(f"pass2_{t}_{d}", sa._PASS2_SOURCE, [("first", t), ("k", t), ("part_o", "float"),
+                                                                        ("part_ms", "float")], [f"{t}* out"],
+                                    [f"using T = {t}", f"constexpr int D = {d}"]))
+    src = _STUB + sa._STEP_HEADER + "namespace mlx { namespace core { namespace cu {\n" + "".join(kernels) + "}}}\n"
+    path = tmp_path / "k.cu"
+    path.write_text(src)
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(path), "-o",
+                          str(tmp_path / "k.o")], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", out.stderr)]
+    assert len(regs) == len(kernels)
+    assert max(regs) <= 64, out.stderr  # 65536 registers per block of 1024 threads
+    assert set(re.findall(r"(\d+) bytes spill stores", out.stderr)) <= {"0"}, out.stderr
+
+
+def test_scales_round_as_mlx_does():
+    s = 128 ** -0.5
+    # 1-pass: float scale times the double M_LOG2E, rounded once; 2-pass: float times float
+    assert sa.one_pass_scale(s) == sa._f32(sa._f32(s) * 1.4426950408889634)
+    assert sa.two_pass_scale(s) == sa._f32(sa._f32(s) * sa._f32(1.44269504089))
+    scales = [sa._f32(x ** -0.5) for x in (64, 96, 128, 80, 72)]
+    assert any(sa.one_pass_scale(x) != sa.two_pass_scale(x) for x in scales)
+
+
+def test_kernel_choice_follows_mlx(monkeypatch):
+    monkeypatch.delenv("MLX_CUDA_USE_CUDNN_SDPA", raising=False)
+    assert sa.single_query_kernel(255, 128) == "sdpa_vector_1pass"
+    assert sa.single_query_kernel(256, 128) == "cudnn"
+    assert sa.single_query_kernel(100, 256) == "unfused"
+    assert sa.single_query_kernel(4000, 256) == "unfused"
+    monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", "0")
+    assert sa.single_query_kernel(1024, 64) == "sdpa_vector_1pass"
+    assert sa.single_query_kernel(1025, 96) == "sdpa_vector_2pass"
+    assert sa.single_query_kernel(4000, 256) == "unfused"
+
+
+def _decode_steps(q: mx.array, k_all: mx.array, v_all: mx.array, context: int, scale: float) -> mx.array:
+    """16 real decode steps on an mlx-lm KVCache: one query each, over the cache's slice."""
+    cache = KVCache()
+    cache.update_and_fetch(k_all[:, :, :context], v_all[:, :, :context])
+    outs = []
+    for i in range(q.shape[2]):
+        keys, values = cache.update_and_fetch(k_all[:, :, context + i : context + i + 1],
+                                              v_all[:, :, context + i : context + i + 1])
+        q_step = mx.contiguous(q.transpose(0, 2, 1, 3)[:, i : i + 1]).transpose(0, 2, 1, 3)
+        outs.append(mx.fast.scaled_dot_product_attention(q_step, keys, values, scale=scale, mask=None))
+        mx.eval(outs[-1])
+    return mx.concatenate(outs, axis=2)
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,context,rows", [(4, 2, 16, 20, 16), (8, 8, 32, 5, 3),
+                                                                   (6, 2, 64, 300, 16)])
+def test_rows_equal_decode_steps(heads, kv_heads, head_dim, context, rows):
+    mx.random.seed(7)
+    k_all = mx.random.normal((1, kv_heads, context + rows, head_dim)).astype(mx.bfloat16)
+    v_all = mx.random.normal((1, kv_heads, context + rows, head_dim)).astype(mx.bfloat16)
+    q = mx.random.normal((1, rows, heads, head_dim)).astype(mx.bfloat16).transpose(0, 2, 1, 3)
+    scale = head_dim ** -0.5
+    steps = _decode_steps(q, k_all, v_all, context, scale)
+    cache = KVCache()
+    cache.update_and_fetch(k_all[:, :, :context], v_all[:, :, :context])
+    keys, values = cache.update_and_fetch(k_all[:, :, context:], v_all[:, :, context:])  # the verify's views
+    got = sa.step_attention(q, keys, values, scale)
+    assert got.shape == (1, heads, rows, head_dim) and got.dtype == mx.bfloat16
+    assert mx.array_equal(got, steps).item()
+    # and the rows are not all the same computation: a non-causal call differs
+    assert not mx.array_equal(got, mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale)).item()
+
+
+@pytest.mark.parametrize("q_shape,k_shape", [((1, 4, 17, 16), (1, 2, 40, 16)), ((1, 4, 8, 16), (1, 2, 5, 16)),
+                                             ((1, 5, 2, 16), (1, 2, 10, 16)), ((2, 4, 2, 16), (2, 2, 10, 16)),
+                                             ((1, 4, 2, 16), (1, 2, 10, 32)), ((4, 2, 16), (2, 10, 16))])
+def test_bad_shapes_are_refused(q_shape, k_shape):
+    q, k = mx.zeros(q_shape, mx.bfloat16), mx.zeros(k_shape, mx.bfloat16)
+    with pytest.raises(ValueError, match="step_attention"):
+        sa.step_attention(q, k, k, 0.25)
+
+
+def test_bench_part_runs_on_the_tiny_shape(capsys):
+    from dflash_tui.bench import batch_invariance as bi
+
+    assert bi.main(["--shape", "tiny", "--context", "5", "--parts", "step-attention"]) == 0
+    out = capsys.readouterr()
+    import json
+
+    rows = json.loads(out.out)["rows"]
+    assert [r["context"] for r in rows] == [5] and json.loads(out.err.strip().splitlines()[-1]) == rows[0]
+    row = rows[0]
+    assert "error" not in row and not any(k.endswith("_error") for k in row), row
+    # off CUDA both exact paths are one MLX call per query: every row equals its decode step
+    assert row["per_query_equal_rows"] == 16 and row["routed_equal_rows"] == 16 and row["routed_rows"] == "=" * 16
+    assert row["routed_repeatable"] and row["routed_36_layers_ms"] > 0 and "kernel_equal_rows" not in row
