@@ -6,9 +6,11 @@ attention), so their bf16 results can round differently and a near-tie flips a t
 This script measures, on one random-weight real-shape target, how many of a verify's
 rows equal the decode steps' bit for bit, part by part and for the whole model:
 
-- `linear`: one weight matrix, `x @ W.T` on 16 rows (MLX's gemm) and the candidate
-  row-wise kernel (each row reduced in the order of MLX CUDA's gemv), each against the
-  16 one-row products (MLX's gemv);
+- `linear`: one weight matrix, `x @ W.T` on 16 rows (MLX's gemm) and the row-wise kernel
+  (engine/cuda_rowwise.py: each row reduced in the order of MLX CUDA's gemv), each against
+  the 16 one-row products (MLX's gemv);
+- `rowwise`: the row-wise kernel's variants, shape by shape and in a verify-long chain
+  (bench/rowwise.py);
 - `attention`: 16 queries over a KV cache grown as decoding grows it, MLX's multi-query
   attention and per-query calls on the cache's own slices, against the decode steps;
 - `per-row ops`: RMSNorm, RoPE at an offset, SwiGLU on 16 rows against one row;
@@ -36,93 +38,24 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from dflash_tui import random_pair as rp
 from dflash_tui.bench.cycle_cost import SHAPES
-from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
+from dflash_tui.engine.cuda_kernels import on_cuda
+from dflash_tui.engine.cuda_rowwise import rowwise_matmul
 
 ROWS = 16
 
-# Each warp computes R output features for all M rows; lane l reads columns
-# NPT*l + 32*NPT*i (NPT consecutive values), accumulating every (feature, row) dot product
-# in one float in that order (a fused multiply-add per element), then the warp's lanes are
-# summed with a butterfly: per output, the order of MLX CUDA's gemv_impl
-# (mlx/backend/cuda/gemms/gemv.cu: n_per_thread 4/2/1 by K's divisibility). Each weight
-# value is read once for all M rows, each input value once for R features.
-_ROWWISE_SOURCE = """
-  const int N = w_shape[0], K = w_shape[1];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
-  if (row0 >= N) return;
-  float acc[R][M];
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int m = 0; m < M; m++) acc[r][m] = 0.f;
-  for (int col = NPT * lane; col < K; col += 32 * NPT) {
-    float wv[R][NPT];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-      for (int j = 0; j < NPT; j++) wv[r][j] = row0 + r < N ? dflash_f(w[(size_t)(row0 + r) * K + col + j]) : 0.f;
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float xv[NPT];
-#pragma unroll
-      for (int j = 0; j < NPT; j++) xv[j] = dflash_f(x[(size_t)m * K + col + j]);
-#pragma unroll
-      for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int j = 0; j < NPT; j++) acc[r][m] += wv[r][j] * xv[j];
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      const float s = dflash_warp_sum(acc[r][m]);
-      if (lane == 0 && row0 + r < N) out[(size_t)m * N + row0 + r] = T(s);
-    }
-"""
-
-_kernel = None
-FEATURES_PER_WARP = 2  # R: measured by --features-per-warp; the per-row order does not depend on it
-
-
-def _npt(k: int) -> int:
-    return 4 if k % 128 == 0 else 2 if k % 64 == 0 else 1
-
-
-def rowwise_matmul(x: mx.array, w: mx.array, features_per_warp: int = 0) -> mx.array:
-    """x [M, K] @ w[N, K].T with every row computed as a one-row product is (on MLX CUDA, the
-    kernel above; elsewhere, M one-row matmuls)."""
-    global _kernel
-    m, k = x.shape
-    if not on_cuda():
-        return mx.concatenate([x[i : i + 1] @ w.T for i in range(m)], axis=0)
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(name="dflash_rowwise_matmul", input_names=["x", "w"], output_names=["out"],
-                                      source=_ROWWISE_SOURCE, header=_HEADER, ensure_row_contiguous=True)
-    n, r = w.shape[0], features_per_warp or FEATURES_PER_WARP
-    warps = 4
-    return _kernel(inputs=[x, w], template=[("T", x.dtype), ("M", m), ("NPT", _npt(k)), ("R", r)],
-                   grid=(-(-n // (warps * r)) * 32 * warps, 1, 1), threadgroup=(32 * warps, 1, 1),
-                   output_shapes=[(m, n)], output_dtypes=[x.dtype])[0]
-
-
 class RowwiseLinear(nn.Linear):
-    """nn.Linear whose 2..16-row products are row-wise (a class swapped onto instances)."""
+    """nn.Linear whose 2..16-row products are row-wise (a class swapped onto instances). With a
+    bias MLX's one-row product is cuBLAS's addmm, not its gemv: left as it is."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        rows = x.size // x.shape[-1]
-        if "bias" in self or not 1 < rows <= ROWS:
+        if "bias" in self:
             return super().__call__(x)
-        return rowwise_matmul(x.reshape(rows, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
+        return rowwise_matmul(x, self.weight)
 
 
 class RowwiseEmbedding(nn.Embedding):
     def as_linear(self, x: mx.array) -> mx.array:
-        rows = x.size // x.shape[-1]
-        if not 1 < rows <= ROWS:
-            return super().as_linear(x)
-        return rowwise_matmul(x.reshape(rows, x.shape[-1]), self.weight).reshape(*x.shape[:-1], -1)
+        return rowwise_matmul(x, self.weight)
 
 
 def per_query_sdpa(original: Callable) -> Callable:
@@ -184,10 +117,8 @@ def check_linear(k: int, n: int, dtype: mx.Dtype) -> dict[str, Any]:
     gemm = x @ w.T
     row = {"part": "linear", "k": k, "n": n, "gemm_equal_rows": _rows_equal(gemm, one)[0],
            "gemm_ms": _timed(lambda: x @ w.T), "one_row_ms": _timed(lambda: x[:1] @ w.T)}
-    for r in (1, 2, 4, 8):
-        rowwise = rowwise_matmul(x, w, r)
-        row[f"rowwise_r{r}_equal_rows"] = _rows_equal(rowwise, one)[0]
-        row[f"rowwise_r{r}_ms"] = _timed(lambda: rowwise_matmul(x, w, r))  # noqa: B023
+    row["rowwise_equal_rows"] = _rows_equal(rowwise_matmul(x, w), one)[0]
+    row["rowwise_ms"] = _timed(lambda: rowwise_matmul(x, w))
     return row
 
 
@@ -411,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=[s for s in SHAPES if SHAPES[s]["kind"] == "qwen3"], default="tiny")
     p.add_argument("--context", type=int, nargs="+", default=[100])
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--parts", nargs="+", choices=["linear", "attention", "row-ops", "model", "step-attention"],
+    p.add_argument("--parts", nargs="+",
+                   choices=["linear", "rowwise", "attention", "row-ops", "model", "step-attention"],
                    default=["linear", "attention", "row-ops", "model"])
     args = p.parse_args(argv)
     dtype = getattr(mx, args.dtype)
@@ -423,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                      (d["intermediate"], d["hidden"]), (d["hidden"], spec["vocab"])):
             rows.append(check_linear(k, n, dtype))
         rows.append(check_quantized_linear(d["hidden"], d["intermediate"], dtype))
+    if "rowwise" in args.parts:
+        from dflash_tui.bench import rowwise
+
+        rows += rowwise.run(args.shape, [dtype], list(rowwise.cr.VARIANTS))
     if "attention" in args.parts:
         for c in args.context:
             rows.append(check_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype))

@@ -1,0 +1,204 @@
+"""Benchmark (not a test): the row-wise matmul's variants against MLX's gemm and its one-row gemv.
+
+For each weight shape of a target (and a few other models' shapes: other K, K not a multiple
+of 128) and each variant of `engine.cuda_rowwise`, it prints how many of 16 rows equal the
+16 one-row products `x[i:i+1] @ w.T` bit for bit (also for 2 and 7 rows on one shape), and
+the time of one call (median of 20, each synced). Then a *chain*: a verify's matmuls (every
+layer's q, k, v, o, gate, up, down with its own weights, then the head) built lazily and
+evaluated at once, per variant, beside MLX's gemm chain and 16 one-row products per matmul.
+
+Each result is one JSON line on stderr as soon as it is measured; the whole report, with the
+fastest fully-equal variant per shape and for the chain, is JSON on stdout.
+
+    python -m dflash_tui.bench.rowwise --shape qwen3-4b
+    python -m dflash_tui.bench.rowwise --shape tiny     # CPU smoke run (MLX's own product)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import mlx.core as mx
+
+from dflash_tui.bench.cycle_cost import SHAPES
+from dflash_tui.engine import cuda_rowwise as cr
+from dflash_tui.engine.cuda_kernels import on_cuda
+
+ROWS = 16
+# (K, N) of other models' layers: Qwen3-8B and -14B MLPs, gpt-oss's hidden size (K % 128 = 64:
+# MLX's gemv reads 2 values per lane), K % 64 != 0 (1 value per lane; odd K: unaligned rows)
+EXTRA = {"tiny": [(96, 40), (33, 20)],
+         "": [(4096, 12288), (12288, 4096), (5120, 17408), (17408, 5120), (2880, 4096), (1000, 2048), (1001, 512)]}
+
+
+def layer_shapes(spec: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, K, N) of one layer's matmuls, in a verify's order, and the head."""
+    d = spec["dims"]
+    h, q, kv, i = d["hidden"], d["heads"] * d["head_dim"], d["kv_heads"] * d["head_dim"], d["intermediate"]
+    return [("q", h, q), ("k", h, kv), ("v", h, kv), ("o", q, h), ("gate", h, i), ("up", h, i), ("down", i, h),
+            ("head", h, spec["vocab"])]
+
+
+def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    rows.append(row)
+    print(json.dumps(row), file=sys.stderr, flush=True)
+
+
+def _guarded(rows: list[dict[str, Any]], what: dict[str, Any], fn: Callable[[], dict[str, Any]]) -> None:
+    """One measurement; a failure becomes an error row and the run goes on."""
+    try:
+        _emit(rows, {**what, **fn()})
+    except Exception as e:  # noqa: BLE001 - a bench run keeps its other rows
+        _emit(rows, {**what, "error": f"{type(e).__name__}: {e}"[:400]})
+        traceback.print_exc(file=sys.stderr)
+
+
+def equal_rows(a: mx.array, b: mx.array) -> int:
+    """Rows of a and b equal bit for bit."""
+    bits = {2: mx.uint16, 4: mx.uint32}[a.dtype.size]
+    return int(mx.all(mx.view(a, bits) == mx.view(b, bits), axis=-1).sum().item())
+
+
+def call_ms(fn: Callable[[], mx.array], reps: int) -> float:
+    mx.eval(fn())
+    times = []
+    for _ in range(reps):
+        tic = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times) * 1e3
+
+
+def _operands(k: int, n: int, dtype: mx.Dtype, seed: int) -> tuple[mx.array, mx.array]:
+    key = mx.random.key(seed)
+    x = mx.random.normal((ROWS, k), dtype=dtype, scale=0.5, key=key)
+    w = mx.random.normal((n, k), dtype=dtype, scale=k ** -0.5, key=mx.random.split(key)[0])
+    mx.eval(x, w)
+    return x, w
+
+
+def one_row_products(x: mx.array, w: mx.array) -> mx.array:
+    return mx.concatenate([x[i : i + 1] @ w.T for i in range(x.shape[0])], axis=0)
+
+
+def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants: list[str], reps: int,
+                few_rows: bool) -> None:
+    base = {"part": "rowwise", "dtype": str(dtype).split(".")[-1], "matmul": name, "k": k, "n": n,
+            "npt": cr.n_per_thread(k)}
+    x, w = _operands(k, n, dtype, seed=k * 7 + n)
+    one = one_row_products(x, w)
+    mx.eval(one)
+    _guarded(rows, {**base, "variant": "mlx"}, lambda: {
+        "gemm_equal_rows": equal_rows(x @ w.T, one), "gemm_ms": call_ms(lambda: x @ w.T, reps),
+        "one_row_ms": call_ms(lambda: x[:1] @ w.T, reps)})
+    for v in variants:
+        def measure(v: str = v) -> dict[str, Any]:
+            tic = time.perf_counter()
+            out = cr.rowwise_matmul(x, w, v)
+            mx.eval(out)
+            row = {"equal_rows": equal_rows(out, one), "first_call_s": round(time.perf_counter() - tic, 3)}
+            if few_rows:
+                for m in (2, 7):
+                    row[f"equal_rows_of_{m}"] = equal_rows(cr.rowwise_matmul(x[:m], w, v), one[:m])
+            row["ms"] = call_ms(lambda: cr.rowwise_matmul(x, w, v), reps)
+            return row
+
+        _guarded(rows, {**base, "variant": v}, measure)
+
+
+def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int) -> None:
+    """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph."""
+    shapes = layer_shapes(spec)
+    weights: list[tuple[int, mx.array]] = []
+    for li in range(layers):
+        for name, k, n in shapes[:-1]:
+            weights.append((k, mx.random.normal((n, k), dtype=dtype, scale=k ** -0.5, key=mx.random.key(li * 31 + n))))
+        mx.eval([w for _, w in weights[-7:]])
+    _, hk, hn = shapes[-1]
+    weights.append((hk, mx.random.normal((hn, hk), dtype=dtype, scale=hk ** -0.5, key=mx.random.key(7))))
+    xs = {k: mx.random.normal((ROWS, k), dtype=dtype, scale=0.5, key=mx.random.key(k)) for k, _ in weights}
+    mx.eval(weights[-1][1], list(xs.values()))
+    gb = sum(w.nbytes for _, w in weights) / 1e9
+    modes: dict[str, Callable[[mx.array, mx.array], Any]] = {
+        "gemm": lambda x, w: x @ w.T,
+        "one_row_x16": lambda x, w: [x[i : i + 1] @ w.T for i in range(ROWS)],
+        "auto": lambda x, w: cr.rowwise_matmul(x, w),
+    }
+    for v in variants:
+        modes[v] = lambda x, w, v=v: cr.rowwise_matmul(x, w, v)
+    base = {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "layers": layers, "matmuls": len(weights),
+            "weight_gb": round(gb, 2)}
+    for mode, fn in modes.items():
+        _guarded(rows, {**base, "mode": mode}, lambda fn=fn: {
+            "ms": call_ms(lambda: [fn(xs[k], w) for k, w in weights], reps)})
+    del weights, xs
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per shape and for the chain: the fastest variant whose rows all equal the one-row products."""
+    exact = {(r["dtype"], r["k"], r["n"], r["variant"]) for r in rows if r.get("part") == "rowwise"
+             and r.get("equal_rows") == ROWS and all(r.get(f"equal_rows_of_{m}", m) == m for m in (2, 7))}
+    best: dict[str, Any] = {}
+    for r in rows:
+        if r.get("part") == "rowwise" and (r["dtype"], r["k"], r["n"], r.get("variant")) in exact:
+            key = f'{r["dtype"]} {r["matmul"]} {r["k"]}->{r["n"]}'
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = {"variant": r["variant"], "ms": round(r["ms"], 4)}
+    mlx = {f'{r["dtype"]} {r["matmul"]} {r["k"]}->{r["n"]}': r for r in rows
+           if r.get("part") == "rowwise" and r.get("variant") == "mlx" and "gemm_ms" in r}
+    for key, b in best.items():
+        if key in mlx:
+            b["gemm_ms"] = round(mlx[key]["gemm_ms"], 4)
+    chains = {}
+    for r in rows:
+        if r.get("part") == "rowwise chain" and "ms" in r:
+            chains.setdefault(r["dtype"], {})[r["mode"]] = round(r["ms"], 3)
+    return {"fastest_exact_per_shape": best, "chain_ms": chains,
+            "inexact_variants": sorted({f'{r["dtype"]} {r["k"]}->{r["n"]} {r["variant"]}' for r in rows
+                                        if r.get("part") == "rowwise" and r.get("variant") not in (None, "mlx")
+                                        and (r["dtype"], r["k"], r["n"], r["variant"]) not in exact})}
+
+
+def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | None = None, reps: int = 20,
+        chain_reps: int = 3, extra: bool = True) -> list[dict[str, Any]]:
+    spec = SHAPES[shape]
+    rows: list[dict[str, Any]] = []
+    for di, dtype in enumerate(dtypes):
+        shapes = layer_shapes(spec)
+        seen = set()
+        for name, k, n in shapes:
+            if (k, n) not in seen:
+                seen.add((k, n))
+                check_shape(rows, name, k, n, dtype, variants, reps, few_rows=(di == 0 and name == "q"))
+        if di == 0 and extra:  # other K only in the first dtype (fewer compiles)
+            for k, n in EXTRA.get(shape, EXTRA[""]):
+                check_shape(rows, "extra", k, n, dtype, variants, reps, few_rows=False)
+        chain(rows, spec, layers or spec["dims"]["layers"], dtype, variants, chain_reps)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=[s for s in SHAPES if SHAPES[s]["kind"] == "qwen3" and "bits" not in SHAPES[s]],
+                   default="tiny")
+    p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"], default=["bfloat16", "float16"])
+    p.add_argument("--variants", nargs="+", choices=list(cr.VARIANTS), default=list(cr.VARIANTS))
+    p.add_argument("--layers", type=int, help="layers in the chain (default: the shape's)")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--no-extra", action="store_true", help="only the shape's own matmuls")
+    args = p.parse_args(argv)
+    rows = run(args.shape, [getattr(mx, d) for d in args.dtypes], args.variants, args.layers, args.reps,
+               extra=not args.no_extra)
+    info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "mlx": mx.__version__}
+    print(json.dumps({"info": info, "summary": summary(rows), "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""The row-wise matmul (engine/cuda_rowwise.py) on this machine: its kernel source compiles for
+every variant, its wrapper's shapes and checks, and off CUDA it is MLX's own `x @ w.T`.
+
+Bit-equality with MLX CUDA's one-row gemv can only be checked on the GPU
+(`python -m dflash_tui.bench.rowwise --shape qwen3-4b`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import mlx.core as mx
+import pytest
+
+from dflash_tui.engine import cuda_kernels as ck
+from dflash_tui.engine import cuda_rowwise as cr
+from test_block_kernels import _STUB
+
+
+def _kernels_source(ctype: str, m: int, npt: int) -> str:
+    """Every variant's kernel as MLX's cuda_kernel wraps it (signature, template constants, body)."""
+    out = _STUB + ck._HEADER + cr._ROWWISE_HEADER + "namespace mlx { namespace core { namespace cu {\n"
+    for name, v in cr.VARIANTS.items():
+        consts = [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
+                  f"constexpr int R = {v.features}", f"constexpr int G = {v.row_groups}", f"constexpr int W = {v.warps}",
+                  f"constexpr int S = {v.steps}"]
+        body = "\n".join(f"  {c};" for c in consts) + cr._ROWWISE_SOURCE
+        out += (f"__global__ void rowwise_{name}(const {ctype}* x, const {ctype}* w, "
+                f"const __grid_constant__ Shape w_shape, {ctype}* out) {{\n{body}\n}}\n")
+    return out + "}}}\n"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("ctype,m,npt", [("__nv_bfloat16", 16, 4), ("__half", 7, 2), ("float", 2, 1)])
+def test_every_variant_compiles(tmp_path, ctype, m, npt):
+    path = tmp_path / "rowwise.cu"
+    path.write_text(_kernels_source(ctype, m, npt))
+    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_n_per_thread_is_mlx_gemv_rule():
+    assert [cr.n_per_thread(k) for k in (2560, 9728, 17408, 2880, 1000, 1001)] == [4, 4, 4, 2, 1, 1]
+
+
+def test_every_variant_fits_a_block():
+    for name, v in cr.VARIANTS.items():
+        assert v.warps % v.row_groups == 0 and v.warps * 32 <= 1024, name
+        assert v.features * -(-cr.MAX_ROWS // v.row_groups) <= 128, name  # sums per lane the fold takes
+        assert cr.shared_bytes(cr.MAX_ROWS, 128, 4, v) <= 227 * 1024, name
+    for m, n, k in ((16, 1024, 2560), (16, 4096, 2560), (4, 151936, 2560), (2, 2560, 9728)):
+        assert cr.pick_variant(m, n, k) in cr.VARIANTS
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
+@pytest.mark.parametrize("lead", [(2,), (16,), (1, 5), (3, 4), (1,), (17,)])
+def test_off_cuda_it_is_mlx_own_product(dtype, lead):
+    x = mx.random.normal((*lead, 96)).astype(dtype)
+    w = mx.random.normal((40, 96)).astype(dtype)
+    assert not cr.applies(x, w)
+    out = cr.rowwise_matmul(x, w)
+    assert out.shape == (*lead, 40) and out.dtype == dtype
+    assert mx.array_equal(out, x @ w.T)
+    for variant in cr.VARIANTS:
+        assert mx.array_equal(cr.rowwise_matmul(x, w, variant), out)
+
+
+def test_bad_arguments_are_one_clear_error():
+    x, w = mx.zeros((4, 8)), mx.zeros((6, 8))
+    with pytest.raises(ValueError, match="not \\[..., K\\] and \\[N, K\\]"):
+        cr.rowwise_matmul(x, mx.zeros((6, 9)))
+    with pytest.raises(ValueError, match="not \\[..., K\\]"):
+        cr.rowwise_matmul(x, mx.zeros((8,)))
+    with pytest.raises(ValueError, match="unknown variant 'r3'"):
+        cr.rowwise_matmul(x, w, "r3")
+
+
+def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
+    from dflash_tui.bench import rowwise
+
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "r1w4s4", "r4g2w8s2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["rows"]
+    shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
+    assert {(64, 64), (64, 32), (64, 128), (128, 64), (64, 384), (96, 40), (33, 20)} == shapes
+    for r in rows:
+        assert "error" not in r, r
+        if r["part"] == "rowwise" and r["variant"] != "mlx":
+            assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
+    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "r1w4s4", "r4g2w8s2"}
+    assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
+               for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
+               and r["variant"] != "mlx")
+    chains = report["summary"]["chain_ms"]
+    assert set(chains) == {"bfloat16", "float16"}
+    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "r1w4s4", "r4g2w8s2"}
+    chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
+    assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
+    assert report["summary"]["inexact_variants"] == []
+
+
+def test_equal_rows_compares_bits():
+    from dflash_tui.bench.rowwise import equal_rows
+
+    a = mx.zeros((3, 4), dtype=mx.bfloat16)
+    b = mx.array([[0, 0, 0, 0], [0, -0.0, 0, 0], [0, 0, 1, 0]], dtype=mx.bfloat16)
+    assert equal_rows(a, b) == 1  # -0.0 == 0.0 as numbers, not as bits
