@@ -107,3 +107,12 @@ def test_equal_rows_compares_bits():
     a = mx.zeros((3, 4), dtype=mx.bfloat16)
     b = mx.array([[0, 0, 0, 0], [0, -0.0, 0, 0], [0, 0, 1, 0]], dtype=mx.bfloat16)
     assert equal_rows(a, b) == 1  # -0.0 == 0.0 as numbers, not as bits
+
+
+def test_batch_invariance_has_the_rowwise_part(capsys):
+    from dflash_tui.bench import batch_invariance as bi
+
+    assert bi.main(["--shape", "tiny", "--parts", "rowwise"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["part"] for r in rows} == {"rowwise", "rowwise chain"}
+    assert all(r["equal_rows"] == bi.ROWS for r in rows if r["part"] == "rowwise" and r["variant"] != "mlx")
