@@ -80,7 +80,7 @@ def test_bad_arguments_are_one_clear_error():
 def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
     from dflash_tui.bench import rowwise
 
-    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "r1w4s4", "r4g2w8s2"]) == 0
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "r4w4s2", "r8g2w8s2"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
     shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
@@ -89,13 +89,13 @@ def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
         assert "error" not in r, r
         if r["part"] == "rowwise" and r["variant"] != "mlx":
             assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
-    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "r1w4s4", "r4g2w8s2"}
+    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "r4w4s2", "r8g2w8s2"}
     assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
                for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
                and r["variant"] != "mlx")
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "r1w4s4", "r4g2w8s2"}
+    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "r4w4s2", "r8g2w8s2"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
     assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
     assert report["summary"]["inexact_variants"] == []

@@ -91,9 +91,13 @@ def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants
                 few_rows: bool) -> None:
     base = {"part": "rowwise", "dtype": str(dtype).split(".")[-1], "matmul": name, "k": k, "n": n,
             "npt": cr.n_per_thread(k)}
-    x, w = _operands(k, n, dtype, seed=k * 7 + n)
-    one = one_row_products(x, w)
-    mx.eval(one)
+    try:
+        x, w = _operands(k, n, dtype, seed=k * 7 + n)
+        one = one_row_products(x, w)
+        mx.eval(one)
+    except Exception as e:  # noqa: BLE001
+        _emit(rows, {**base, "error": f"{type(e).__name__}: {e}"[:400]})
+        return
     _guarded(rows, {**base, "variant": "mlx"}, lambda: {
         "gemm_equal_rows": equal_rows(x @ w.T, one), "gemm_ms": call_ms(lambda: x @ w.T, reps),
         "one_row_ms": call_ms(lambda: x[:1] @ w.T, reps)})
@@ -179,7 +183,12 @@ def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | N
         if di == 0 and extra:  # other K only in the first dtype (fewer compiles)
             for k, n in EXTRA.get(shape, EXTRA[""]):
                 check_shape(rows, "extra", k, n, dtype, variants, reps, few_rows=False)
-        chain(rows, spec, layers or spec["dims"]["layers"], dtype, variants, chain_reps)
+        n_layers = layers or spec["dims"]["layers"]
+        try:
+            chain(rows, spec, n_layers, dtype, variants, chain_reps)
+        except Exception as e:  # noqa: BLE001 - e.g. the weights do not fit: the shape rows stand
+            _emit(rows, {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "mode": "setup",
+                         "error": f"{type(e).__name__}: {e}"[:400]})
     return rows
 
 

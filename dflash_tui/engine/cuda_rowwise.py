@@ -109,9 +109,10 @@ _ROWWISE_SOURCE = """
   float acc[P];
 #pragma unroll
   for (int i = 0; i < P; i++) acc[i] = 0.f;
-  const T* wrow[R];
+  const T* wrow = w + (size_t)min(f0, N - 1) * K;
+  int roff[R];  // feature r's row, past N clamped to the last
 #pragma unroll
-  for (int r = 0; r < R; r++) wrow[r] = w + (size_t)min(f0 + r, N - 1) * K;
+  for (int r = 0; r < R; r++) roff[r] = (min(f0 + r, N - 1) - min(f0, N - 1)) * K;
 
   // MLX's own n_per_thread for this weight pointer (x of a decode step is a fresh, aligned array)
   const uintptr_t wp = reinterpret_cast<uintptr_t>(w);
@@ -123,7 +124,7 @@ _ROWWISE_SOURCE = """
       for (int j = 0; j < npt_mlx; j++) {
         float wv[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) wv[r] = dflash_f(wrow[r][col + j]);
+        for (int r = 0; r < R; r++) wv[r] = dflash_f(wrow[roff[r] + col + j]);
 #pragma unroll
         for (int mm = 0; mm < MG; mm++) {
           const int m = m0 + mm;
@@ -182,7 +183,7 @@ _ROWWISE_SOURCE = """
       const int col = gs * STEP + NPT * lane;
       if (gs < NS && (NPT > 1 || col < K)) {
 #pragma unroll
-        for (int r = 0; r < R; r++) slot[r] = dflash_ldg<NPT>(wrow[r] + col);
+        for (int r = 0; r < R; r++) slot[r] = dflash_ldg<NPT>(wrow + roff[r] + col);
       }
     };
 
@@ -198,24 +199,23 @@ _ROWWISE_SOURCE = """
       for (int s = 0; s < S; s++) {
         const int gs = t * S + s;
         if (gs < NS) {
-          float wf[R][NPT];
-#pragma unroll
-          for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int j = 0; j < NPT; j++) wf[r][j] = dflash_f(wb[s][r].v[j]);
-          load_w(gs + S, wb[s]);
           const bool live = NPT > 1 || gs * STEP + lane < K;  // only NPT 1 has a partial last step
+          dflash_vec<float, NPT> xv[MG];
 #pragma unroll
-          for (int mm = 0; mm < MG; mm++) {
-            const int m = m0 + mm;
-            if ((M % G == 0 || m < M) && live) {
-              const dflash_vec<float, NPT> xv = *reinterpret_cast<const dflash_vec<float, NPT>*>(xt + m * TK + s * STEP);
+          for (int mm = 0; mm < MG; mm++)
+            if (M % G == 0 || m0 + mm < M) xv[mm] = *reinterpret_cast<const dflash_vec<float, NPT>*>(xt + (m0 + mm) * TK + s * STEP);
 #pragma unroll
-              for (int j = 0; j < NPT; j++)
+          for (int j = 0; j < NPT; j++) {
+            float wf[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) acc[r * MG + mm] = fmaf(wf[r][j], xv.v[j], acc[r * MG + mm]);
-            }
+            for (int r = 0; r < R; r++) wf[r] = dflash_f(wb[s][r].v[j]);
+#pragma unroll
+            for (int mm = 0; mm < MG; mm++)
+              if ((M % G == 0 || m0 + mm < M) && live)
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r * MG + mm] = fmaf(wf[r], xv[mm].v[j], acc[r * MG + mm]);
           }
+          load_w(gs + S, wb[s]);
         }
       }
       if (t + 1 < NT) convert(t + 1, xs + ((t + 1) & 1) * M * TK);
@@ -247,25 +247,24 @@ class Variant:
     steps: int  # S: steps of 32*NPT columns per shared-memory tile (and weight prefetch distance)
 
 
+# Shared memory serves 128 bytes a clock per SM, as many as its 128 float lanes' FMAs: an input
+# value (4 bytes) serves R FMAs and a weight value (2 bytes, through L1) ceil(M/G) of them, so
+# R >= 4 is needed to keep the FMA lanes busy; R*ceil(M/G) sums per lane cost registers.
 VARIANTS: dict[str, Variant] = {
-    "r1w4s4": Variant(1, 1, 4, 4),
-    "r1g2w8s4": Variant(1, 2, 8, 4),
-    "r2w4s4": Variant(2, 1, 4, 4),
     "r2g2w8s4": Variant(2, 2, 8, 4),
     "r4w4s2": Variant(4, 1, 4, 2),
     "r4g2w8s2": Variant(4, 2, 8, 2),
     "r4g4w8s2": Variant(4, 4, 8, 2),
+    "r8g2w8s1": Variant(8, 2, 8, 1),
     "r8g2w8s2": Variant(8, 2, 8, 2),
+    "r8g2w4s2": Variant(8, 2, 4, 2),
+    "r8g4w8s2": Variant(8, 4, 8, 2),
 }
 
 
 def pick_variant(m: int, n: int, k: int) -> str:
-    """The variant for a shape: fewer features per warp where N is small (more warps)."""
-    if n <= 2048:
-        return "r1w4s4"
-    if n <= 6144:
-        return "r2g2w8s4"
-    return "r4w4s2"
+    """The variant for a shape: fewer features per warp where N is small (more warps to share it)."""
+    return "r4g4w8s2" if n <= 2048 else "r8g2w8s2"
 
 
 def n_per_thread(k: int) -> int:
