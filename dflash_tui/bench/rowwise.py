@@ -180,15 +180,15 @@ def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | N
             if (k, n) not in seen:
                 seen.add((k, n))
                 check_shape(rows, name, k, n, dtype, variants, reps, few_rows=(di == 0 and name == "q"))
-        if di == 0 and extra:  # other K only in the first dtype (fewer compiles)
-            for k, n in EXTRA.get(shape, EXTRA[""]):
-                check_shape(rows, "extra", k, n, dtype, variants, reps, few_rows=False)
         n_layers = layers or spec["dims"]["layers"]
         try:
             chain(rows, spec, n_layers, dtype, variants, chain_reps)
         except Exception as e:  # noqa: BLE001 - e.g. the weights do not fit: the shape rows stand
             _emit(rows, {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "mode": "setup",
                          "error": f"{type(e).__name__}: {e}"[:400]})
+        if di == 0 and extra:  # other K only in the first dtype (fewer compiles), after its chain
+            for k, n in EXTRA.get(shape, EXTRA[""]):
+                check_shape(rows, "extra", k, n, dtype, variants, reps, few_rows=False)
     return rows
 
 
