@@ -249,7 +249,9 @@ class Variant:
 
 # Shared memory serves 128 bytes a clock per SM, as many as its 128 float lanes' FMAs: an input
 # value (4 bytes) serves R FMAs and a weight value (2 bytes, through L1) ceil(M/G) of them, so
-# R >= 4 is needed to keep the FMA lanes busy; R*ceil(M/G) sums per lane cost registers.
+# R >= 4 is needed to keep the FMA lanes busy; R*ceil(M/G) sums per lane cost registers. Each
+# block stages all M input rows from L2: M / (R*W/G) of its weight bytes again. W <= 8 keeps
+# any register count (at most 255) launchable.
 VARIANTS: dict[str, Variant] = {
     "r2g2w8s4": Variant(2, 2, 8, 4),
     "r4w4s2": Variant(4, 1, 4, 2),
