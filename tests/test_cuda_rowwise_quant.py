@@ -61,8 +61,8 @@ using Strides = cuda::std::array<int64_t, 10>;
 """
 
 
-def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, BITS, GS, DQ), each as MLX's cuda_kernel writes it: a plain
+def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int, int]]) -> str:
+    """One kernel per (M, MB, R, BITS, GS, DQ), each as MLX's cuda_kernel writes it: a plain
     __global__ function (generated signature), the template values as local constants, the body."""
     args = []
     for name, kind in (("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)):
@@ -72,8 +72,8 @@ def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> 
                 args.append(f"const __grid_constant__ {arr} {name}{suffix}")
     args.append(f"{ctype}* out")
     kernels = []
-    for j, (m, mb, bits, gs, dq) in enumerate(instances):
-        consts = (f"  using T = {ctype};\n  constexpr int M = {m};\n  constexpr int MB = {mb};\n"
+    for j, (m, mb, r, bits, gs, dq) in enumerate(instances):
+        consts = (f"  using T = {ctype};\n  constexpr int M = {m};\n  constexpr int MB = {mb};\n  constexpr int R = {r};\n"
                   f"  constexpr int BITS = {bits};\n  constexpr int GS = {gs};\n  constexpr int DQ = {dq};\n")
         kernels.append(f"__global__ void k{j}({', '.join(args)}) {{\n{consts}{rq._SOURCE}\n}}\n")
     return _STUB + rq._RQ_HEADER + "namespace mlx { namespace core { namespace cu {\n" + "".join(kernels) + "}}}\n"
@@ -82,9 +82,13 @@ def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("ctype", ["__nv_bfloat16", "__half"])
 def test_every_instantiation_compiles(tmp_path, ctype):
-    instances = [(16, mb, bits, gs, dq) for bits in rq.BITS for gs in rq.GROUP_SIZES
-                 for dq in rq.DEQUANT_VARIANTS.values() for mb in (16, rq.ROWS_PER_WARP)]
-    instances.append((5, 4, 4, 64, 1))  # rows not a multiple of the warp's slice
+    from dflash_tui.bench import batch_invariance as bi
+
+    instances = [(16, rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP, bits, gs, dq) for bits in rq.BITS
+                 for gs in rq.GROUP_SIZES for dq in rq.DEQUANT_VARIANTS.values()]
+    # the shapes the bench measures, and rows that are not a multiple of the warp's slice
+    instances += [(16, mb, r, bits, 64, 1) for mb, r in bi.RQ_SPLITS for bits in rq.BITS]
+    instances.append((5, 4, 2, 4, 64, 1))
     path = tmp_path / "k.cu"
     path.write_text(_compilable(ctype, instances))
     out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],

@@ -202,6 +202,9 @@ def check_quantized_linear(k: int, n: int, dtype: mx.Dtype, bits: int = 4) -> di
             "qmm_ms": _timed(lambda: qmm(x)), "one_row_ms": _timed(lambda: qmm(x[:1]))}
 
 
+RQ_SPLITS = ((8, 1), (4, 2), (2, 4), (8, 2), (4, 4), (2, 8))  # (rows, features) per warp measured
+
+
 def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, group_size: int = 64) -> dict[str, Any]:
     """A quantized linear on 16 rows: MLX's own call (qmm), the row-wise kernel
     (engine/cuda_rowwise_quant) and MLX's qmv on slices of at most 7 rows, each against 16
@@ -229,12 +232,13 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
         try:
             row[key] = measure()
         except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
-            row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:300]
+            row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:2000]
 
     one = paths["qmv16"](x)
     mx.eval(one)
-    variants = {f"rowwise_{name}": (lambda a, d=name: paths["rowwise"](a, dequant=d)) for name in rq.DEQUANT_VARIANTS}
-    variants.update({f"rowwise_mb{mb}": (lambda a, m=mb: paths["rowwise"](a, rows_per_warp=m)) for mb in (16, 4)})
+    variants = {f"rowwise_{name}": (lambda a, d=name: rowwise(a, dequant=d)) for name in rq.DEQUANT_VARIANTS}
+    variants.update({f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
+                     for mb, r in RQ_SPLITS})
     for name, fn in {**paths, **variants}.items():
         if name != "qmv16":
             case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])

@@ -36,8 +36,9 @@ v4.4.2 as MLX fetches it), for one output feature f, one warp:
   the warp, which for float is the xor butterfly out += shfl_xor(out, 16, 8, 4, 2, 1), and lane
   0 stores T(sum) rounded to nearest.
 
-The kernel below keeps that per-row order; a warp computes one feature for MB rows (the grid's
-second axis splits M into MB-row slices), so the dequantized tile serves MB rows at once.
+The kernel below keeps that order for every (feature, row): a warp computes R features for MB
+rows (the grid's second axis splits M into MB-row slices), so each dequantized weight tile
+serves MB rows and each x tile R features; R and MB change the speed, never a row's result.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ GROUP_SIZES = (32, 64)
 BITS = (4, 8)
 DEQUANT_VARIANTS = {"mlx-ops": 0, "fma": 1, "mul-add": 2}  # how q * s + b rounds: see DQ below
 DEFAULT_DEQUANT = "fma"  # what nvcc 13's ptxas makes of MLX's `q * s + b`
-ROWS_PER_WARP = 8  # MB: the per-row order does not depend on it
-FEATURES_PER_BLOCK = 8  # warps per block, one output feature each (qmv's rows_per_block)
+ROWS_PER_WARP = 4  # MB; neither it nor the next two change any row's order
+FEATURES_PER_WARP = 2  # R
+WARPS = 4  # per block
 
 _RQ_HEADER = _HEADER + """
 template <bool C, typename A, typename B> struct rq_if { using type = A; };
@@ -61,10 +63,24 @@ template <typename T> struct rq_pair;
 template <> struct rq_pair<__nv_bfloat16> { using type = __nv_bfloat162; };
 template <> struct rq_pair<__half> { using type = __half2; };
 
-__device__ __forceinline__ void rq_from_uint(__nv_bfloat16& d, unsigned v) { d = __uint2bfloat16_rn(v); }
-__device__ __forceinline__ void rq_from_uint(__half& d, unsigned v) { d = __uint2half_rn(v); }
-__device__ __forceinline__ __nv_bfloat162 rq_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) { return __halves2bfloat162(lo, hi); }
-__device__ __forceinline__ __half2 rq_pack(__half lo, __half hi) { return __halves2half2(lo, hi); }
+// Two unsigned values (each below 2^BITS) as an exact pair of T, without a slow I2F each: their
+// bits under the exponent of 2^7 (bf16, 4-bit), 2^10 (half) or 2^23 (float, 8-bit in bf16),
+// minus that power of two. Exact, so the same values as MLX's converters.
+template <int BITS>
+__device__ __forceinline__ void rq_uint_pair(unsigned lo, unsigned hi, __nv_bfloat162& d) {
+  if constexpr (BITS <= 7) {
+    const unsigned u = 0x43004300u | lo | (hi << 16);
+    d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&u), __float2bfloat162_rn(128.f));
+  } else {
+    d = __floats2bfloat162_rn(__uint_as_float(0x4B000000u | lo) - 8388608.f,
+                              __uint_as_float(0x4B000000u | hi) - 8388608.f);
+  }
+}
+template <int BITS>
+__device__ __forceinline__ void rq_uint_pair(unsigned lo, unsigned hi, __half2& d) {
+  const unsigned u = 0x64006400u | lo | (hi << 16);
+  d = __hsub2(*reinterpret_cast<const __half2*>(&u), __float2half2_rn(1024.f));
+}
 __device__ __forceinline__ void rq_zero(__nv_bfloat162& a) { a = __float2bfloat162_rn(0.f); }
 __device__ __forceinline__ void rq_zero(__half2& a) { a = __float2half2_rn(0.f); }
 __device__ __forceinline__ void rq_zero(float& a) { a = 0.f; }
@@ -103,23 +119,42 @@ __device__ __forceinline__ float rq_lane_sum(const T2* acc) {
   return sum;
 }
 
-// q * s + b in T: DQ 0 as MLX writes it (__hmul, __hadd: the compiler may fuse them),
-// 1 one fused rounding (what MLX's build does on sm_90), 2 two roundings.
-template <int DQ, typename T>
-__device__ __forceinline__ T rq_dequant(T q, T s, T b) {
-  if constexpr (DQ == 0) return __hadd(__hmul(q, s), b);
-  else if constexpr (DQ == 1) return __hfma(q, s, b);
-  else return __hadd_rn(__hmul_rn(q, s), b);
+// q * s + b in T, per element: DQ 0 as MLX writes it (__hmul then __hadd, which the compiler
+// may fuse), 1 one fused rounding (what MLX's build does on sm_90), 2 two roundings. The pair
+// forms round each half as the scalar forms do.
+template <int DQ, typename T2>
+__device__ __forceinline__ T2 rq_dequant(T2 q, T2 s, T2 b) {
+  if constexpr (DQ == 0) return __hadd2(__hmul2(q, s), b);
+  else if constexpr (DQ == 1) return __hfma2(q, s, b);
+  else return __hadd2_rn(__hmul2_rn(q, s), b);
+}
+
+// A lane's tile of one feature: E values (64 bits, two words), dequantized in pairs.
+template <int BITS, int DQ, typename T, typename T2, int P>
+__device__ __forceinline__ void rq_dequant_tile(uint2 q, T s, T b, T2 (&wd)[P]) {
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr unsigned MASK = (1u << BITS) - 1u;
+  T2 s2, b2;
+  s2.x = s; s2.y = s; b2.x = b; b2.y = b;
+#pragma unroll
+  for (int p = 0; p < P; p++) {
+    const int i = 2 * p;  // PER_WORD is even: a pair never straddles the two words
+    const unsigned word = i < PER_WORD ? q.x : q.y;
+    T2 qv;
+    rq_uint_pair<BITS>((word >> ((i % PER_WORD) * BITS)) & MASK, (word >> (((i + 1) % PER_WORD) * BITS)) & MASK, qv);
+    wd[p] = rq_dequant<DQ>(qv, s2, b2);
+  }
 }
 """
 
 # Inputs: x [M, K] (T), w [N, K*BITS/32] (uint32, MLX's packing: value j of a word at bits
-# j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB, BITS, GS, DQ.
+# j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB (rows per warp), R (features per warp),
+# BITS, GS, DQ. A warp dequantizes a tile of R features once for its MB rows and loads each x
+# tile once for its R features; every (feature, row) keeps qmv's own chain of operations.
 _SOURCE = """
   constexpr int E = BITS == 4 ? 16 : 8;  // qmv's elems_per_thread for a 16-bit T
   constexpr int P = E / 2;
   constexpr int PER_WORD = 32 / BITS;
-  constexpr unsigned MASK = (1u << BITS) - 1u;
   using T2 = typename rq_pair<T>::type;
   // 4-bit: E accumulators in T (as pairs); 8-bit: E floats
   using Acc = typename rq_if<(BITS >= 8), float, T2>::type;
@@ -127,34 +162,33 @@ _SOURCE = """
   const int K = x_shape[1];
   const int N = scales_shape[0];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int f = blockIdx.x * (blockDim.x >> 5) + warp;
+  const int f0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
   const int m0 = blockIdx.y * MB;
-  if (f >= N) return;
-  const uint32_t* wrow = w + (size_t)f * (K / PER_WORD);
-  const T* srow = scales + (size_t)f * (K / GS);
-  const T* brow = biases + (size_t)f * (K / GS);
-  Acc acc[MB][NA];
+  if (f0 >= N) return;
+  const uint32_t* wrow[R];
+  const T* srow[R];
+  const T* brow[R];
 #pragma unroll
-  for (int mm = 0; mm < MB; mm++)
+  for (int r = 0; r < R; r++) {
+    const size_t fr = f0 + r < N ? f0 + r : N - 1;  // a tail warp reads the last feature again
+    wrow[r] = w + fr * (K / PER_WORD);
+    srow[r] = scales + fr * (K / GS);
+    brow[r] = biases + fr * (K / GS);
+  }
+  Acc acc[R][MB][NA];
 #pragma unroll
-    for (int a = 0; a < NA; a++) rq_zero(acc[mm][a]);
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int mm = 0; mm < MB; mm++)
+#pragma unroll
+      for (int a = 0; a < NA; a++) rq_zero(acc[r][mm][a]);
   for (int idx = lane * E; idx < K; idx += 32 * E) {
-    // E values = 64 bits for both widths
-    const uint2 q = *reinterpret_cast<const uint2*>(wrow + idx / PER_WORD);
-    const T s = srow[idx / GS], b = brow[idx / GS];
-    T2 wd[P];
+    T2 wd[R][P];
 #pragma unroll
-    for (int p = 0; p < P; p++) {
-      T lohi[2];
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int i = 2 * p + h;
-        const unsigned word = i < PER_WORD ? q.x : q.y;
-        T qv;
-        rq_from_uint(qv, (word >> ((i % PER_WORD) * BITS)) & MASK);
-        lohi[h] = rq_dequant<DQ>(qv, s, b);
-      }
-      wd[p] = rq_pack(lohi[0], lohi[1]);
+    for (int r = 0; r < R; r++) {
+      // E values = 64 bits for both widths
+      const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + idx / PER_WORD);
+      rq_dequant_tile<BITS, DQ>(q, srow[r][idx / GS], brow[r][idx / GS], wd[r]);
     }
 #pragma unroll
     for (int mm = 0; mm < MB; mm++) {
@@ -163,15 +197,18 @@ _SOURCE = """
       const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)(m0 + mm) * K + idx);
 #pragma unroll
       for (int v = 0; v < P / 4; v++) reinterpret_cast<uint4*>(xv)[v] = xp[v];
-      rq_fma_tile<P>(acc[mm], xv, wd);
+#pragma unroll
+      for (int r = 0; r < R; r++) rq_fma_tile<P>(acc[r][mm], xv, wd[r]);
     }
   }
 #pragma unroll
-  for (int mm = 0; mm < MB; mm++) {
-    if (m0 + mm >= M) break;
-    const float sum = dflash_warp_sum(rq_lane_sum<NA>(acc[mm]));
-    if (lane == 0) out[(size_t)(m0 + mm) * N + f] = T(sum);
-  }
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int mm = 0; mm < MB; mm++) {
+      if (m0 + mm >= M) break;
+      const float sum = dflash_warp_sum(rq_lane_sum<NA>(acc[r][mm]));
+      if (lane == 0 && f0 + r < N) out[(size_t)(m0 + mm) * N + f0 + r] = T(sum);
+    }
 """
 
 _kernel = None
@@ -192,7 +229,7 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
                              group_size: int = 64, bits: int = 4, *, rows_per_warp: int = 0,
-                             dequant: str = DEFAULT_DEQUANT) -> mx.array | None:
+                             features_per_warp: int = 0, dequant: str = DEFAULT_DEQUANT) -> mx.array | None:
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
     one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path."""
@@ -208,10 +245,10 @@ def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases
                                       output_names=["out"], source=_SOURCE, header=_RQ_HEADER,
                                       ensure_row_contiguous=True)
     mb = min(rows_per_warp or ROWS_PER_WARP, rows)
-    warps = FEATURES_PER_BLOCK
+    r = features_per_warp or FEATURES_PER_WARP
     out = _kernel(inputs=[x.reshape(rows, k), wq, scales, biases],
-                  template=[("T", x.dtype), ("M", rows), ("MB", mb), ("BITS", bits), ("GS", group_size),
+                  template=[("T", x.dtype), ("M", rows), ("MB", mb), ("R", r), ("BITS", bits), ("GS", group_size),
                             ("DQ", DEQUANT_VARIANTS[dequant])],
-                  grid=(-(-n // warps) * 32 * warps, -(-rows // mb), 1), threadgroup=(32 * warps, 1, 1),
+                  grid=(-(-n // (WARPS * r)) * 32 * WARPS, -(-rows // mb), 1), threadgroup=(32 * WARPS, 1, 1),
                   output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
     return out.reshape(*x.shape[:-1], n)
