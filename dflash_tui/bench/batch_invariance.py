@@ -210,6 +210,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     (engine/cuda_rowwise_quant) and MLX's qmv on slices of at most 7 rows, each against 16
     one-row calls (qmv); single-call times, and `chain` calls on distinct weight copies built
     lazily and evaluated once (as a verify's layers are). Each case fails on its own."""
+    from dflash_tui.bench import qmv_order
     from dflash_tui.engine import cuda_rowwise_quant as rq
 
     mx.random.seed(3)
@@ -244,6 +245,10 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
             case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])
             case(f"{name}_max_diff", lambda f=fn: _rows_equal(f(x), one)[1])
         case(f"{name}_ms", lambda f=fn: _timed(lambda: f(x)))
+    # MLX's qmv against a NumPy replay of the order the kernel follows (first 256 features)
+    for name in ("fma", "mul-add"):
+        case(f"numpy_qmv_{name}_equal_rows", lambda d=name: _rows_equal(mx.array(qmv_order.qmv_rows(
+            x, *packed, group_size, bits, 256, d)).astype(dtype), one[:, :256])[0])
     # distinct weight copies (at most ~2 GB of them: fewer for the head), as a model's layers are
     copies = [packed]
     for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):
