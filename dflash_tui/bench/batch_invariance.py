@@ -248,7 +248,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     # MLX's qmv against a NumPy replay of the order the kernel follows (first 256 features)
     for name in ("fma", "mul-add"):
         case(f"numpy_qmv_{name}_equal_rows", lambda d=name: _rows_equal(mx.array(qmv_order.qmv_rows(
-            x, *packed, group_size, bits, 256, d)).astype(dtype), one[:, :256])[0])
+            x, *packed, group_size, bits, 256, d).astype("float32")).astype(dtype), one[:, :256])[0])
     # distinct weight copies (at most ~2 GB of them: fewer for the head), as a model's layers are
     copies = [packed]
     for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):
