@@ -122,7 +122,7 @@ def test_every_instantiation_compiles(tmp_path, ctype):
     path = tmp_path / "k.cu"
     path.write_text(_compilable(ctype, instances))
     out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True, timeout=240)
+                         check=False, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
 
 

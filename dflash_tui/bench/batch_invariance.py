@@ -216,7 +216,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     mx.random.seed(3)
     x = (mx.random.normal((ROWS, k)) * 0.5).astype(dtype)
     packed = mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits)
-    qmm = lambda a, p=packed: mx.quantized_matmul(a, *p, transpose=True, group_size=group_size, bits=bits)  # noqa: E731
+    qmm = lambda a, p=packed: mx.quantized_matmul(a, *p, transpose=True, group_size=group_size, bits=bits)
 
     def rowwise(a: mx.array, p: tuple = packed, **kw: Any) -> mx.array:
         out = rq.rowwise_quantized_matmul(a, *p, group_size, bits, **kw)

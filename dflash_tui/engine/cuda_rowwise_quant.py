@@ -233,13 +233,13 @@ def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
     one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path."""
-    if not on_cuda():
+    k, n = x.shape[-1], wq.shape[0]
+    rows = x.size // k
+    if not on_cuda() or rows == 1:  # one row: MLX's own call is the reference itself
         return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group_size, bits=bits)
     if not replays_qmv(x, wq, scales, biases, group_size, bits):
         return None
     global _kernel
-    k, n = x.shape[-1], wq.shape[0]
-    rows = x.size // k
     if _kernel is None:
         _kernel = mx.fast.cuda_kernel(name="dflash_rowwise_qmv", input_names=["x", "w", "scales", "biases"],
                                       output_names=["out"], source=_SOURCE, header=_RQ_HEADER,
