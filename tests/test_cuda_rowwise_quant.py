@@ -79,6 +79,16 @@ def test_round_bf16_rounds_to_nearest_even():
     assert np.array_equal(r(vals), np.array(mx.array(vals.astype(np.float32)).astype(mx.bfloat16).astype(mx.float32)))
 
 
+@pytest.mark.skipif(not rq.on_cuda(), reason="bit-equality with MLX's qmv needs MLX CUDA")
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
+def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size):
+    x, wq, scales, biases = _quantized(1024, 4096, mx.bfloat16, group_size, bits)
+    got = rq.rowwise_quantized_matmul(x, wq, scales, biases, group_size, bits)
+    one = [mx.quantized_matmul(x[i : i + 1], wq, scales, biases, transpose=True, group_size=group_size, bits=bits)
+           for i in range(16)]
+    assert [bool(mx.array_equal(got[i : i + 1], one[i]).item()) for i in range(16)] == [True] * 16
+
+
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
 _STUB = """
