@@ -133,6 +133,64 @@ def check_quantized_linear(k: int, n: int, dtype: mx.Dtype, bits: int = 4) -> di
             "qmm_ms": _timed(lambda: qmm(x)), "one_row_ms": _timed(lambda: qmm(x[:1]))}
 
 
+RQ_SPLITS = ((8, 1), (4, 2), (2, 4), (8, 2), (4, 4), (2, 8))  # (rows, features) per warp measured
+
+
+def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, group_size: int = 64) -> dict[str, Any]:
+    """A quantized linear on 16 rows: MLX's own call (qmm), the row-wise kernel
+    (engine/cuda_rowwise_quant) and MLX's qmv on slices of at most 7 rows, each against 16
+    one-row calls (qmv); single-call times, and `chain` calls on distinct weight copies built
+    lazily and evaluated once (as a verify's layers are). Each case fails on its own."""
+    from dflash_tui.bench import qmv_order
+    from dflash_tui.engine import cuda_rowwise_quant as rq
+
+    mx.random.seed(3)
+    x = (mx.random.normal((ROWS, k)) * 0.5).astype(dtype)
+    packed = mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits)
+    qmm = lambda a, p=packed: mx.quantized_matmul(a, *p, transpose=True, group_size=group_size, bits=bits)
+
+    def rowwise(a: mx.array, p: tuple = packed, **kw: Any) -> mx.array:
+        out = rq.rowwise_quantized_matmul(a, *p, group_size, bits, **kw)
+        if out is None:
+            raise ValueError("MLX's one-row call here is not the qmv the kernel replays")
+        return out
+
+    paths = {"qmm": qmm, "rowwise": rowwise,
+             "qmv16": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 1], p) for i in range(ROWS)]),
+             "qmv7": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 7], p) for i in range(0, ROWS, 7)])}
+    row: dict[str, Any] = {"part": "rowwise-quant", "bits": bits, "group_size": group_size, "k": k, "n": n}
+
+    def case(key: str, measure: Callable[[], Any]) -> None:
+        try:
+            row[key] = measure()
+        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+            row[f"{key}_error"] = f"{type(e).__name__}: {e}"[:2000]
+
+    one = paths["qmv16"](x)
+    mx.eval(one)
+    variants = {f"rowwise_{name}": (lambda a, d=name: rowwise(a, dequant=d)) for name in rq.DEQUANT_VARIANTS}
+    variants.update({f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
+                     for mb, r in RQ_SPLITS})
+    for name, fn in {**paths, **variants}.items():
+        if name != "qmv16":
+            case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])
+            case(f"{name}_max_diff", lambda f=fn: _rows_equal(f(x), one)[1])
+        case(f"{name}_ms", lambda f=fn: _timed(lambda: f(x)))
+    # MLX's qmv against a NumPy replay of the order the kernel follows (first 256 features)
+    for name in ("fma", "mul-add"):
+        case(f"numpy_qmv_{name}_equal_rows", lambda d=name: _rows_equal(mx.array(qmv_order.qmv_rows(
+            x, *packed, group_size, bits, 256, d).astype("float32")).astype(dtype), one[:, :256])[0])
+    # distinct weight copies (at most ~2 GB of them: fewer for the head), as a model's layers are
+    copies = [packed]
+    for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):
+        copies.append(mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits))
+        mx.eval(copies[-1])
+    for name, fn in paths.items():
+        case(f"chain_{name}_ms", lambda f=fn: _timed(lambda: [f(x, copies[i % len(copies)]) for i in range(chain)], 5))
+    row["chain_copies"] = len(copies)
+    return row
+
+
 def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtype: mx.Dtype) -> dict[str, Any]:
     from mlx_lm.models.cache import KVCache
 
@@ -343,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, nargs="+", default=[100])
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--parts", nargs="+",
-                   choices=["linear", "rowwise", "attention", "row-ops", "model", "step-attention"],
+                   choices=["linear", "rowwise", "attention", "row-ops", "model", "step-attention", "rowwise-quant"],
                    default=["linear", "attention", "row-ops", "model"])
+    p.add_argument("--chain", type=int, default=36, help="rowwise-quant: calls in a timed chain (a verify's layers)")
     args = p.parse_args(argv)
     dtype = getattr(mx, args.dtype)
     spec = SHAPES[args.shape]
@@ -359,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
         from dflash_tui.bench import rowwise
 
         rows += rowwise.run(args.shape, [dtype], list(rowwise.cr.VARIANTS))
+    if "rowwise-quant" in args.parts:
+        for bits in (4, 8):
+            for k, n in ((d["hidden"], d["heads"] * d["head_dim"]), (d["hidden"], d["kv_heads"] * d["head_dim"]),
+                         (d["hidden"], d["intermediate"]), (d["intermediate"], d["hidden"]), (d["hidden"], spec["vocab"])):
+                rows.append(check_rowwise_quant(k, n, dtype, bits, args.chain))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     if "attention" in args.parts:
         for c in args.context:
             rows.append(check_attention(d["heads"], d["kv_heads"], d["head_dim"], c, dtype))
