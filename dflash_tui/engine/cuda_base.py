@@ -1,0 +1,75 @@
+"""What the CUDA kernels share: the device helpers every source includes, the kernel cache,
+the backend check."""
+
+from __future__ import annotations
+
+import struct
+
+import mlx.core as mx
+
+_HEADER = """
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+__device__ __forceinline__ float dflash_f(float x) { return x; }
+__device__ __forceinline__ float dflash_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float dflash_f(__half x) { return __half2float(x); }
+
+// PER contiguous elements of a row (lane's share: lane * PER ...), in one 8- or 16-byte load
+// where the row is contiguous and the share is 4 or 8 half floats, else one element at a time.
+template <int PER, typename T>
+__device__ __forceinline__ void dflash_load_share(const T* row, int64_t col, int lane, float (&out)[PER]) {
+  if constexpr (sizeof(T) == 2 && (PER == 4 || PER == 8)) {
+    if (col == 1) {
+      alignas(16) T h[PER];
+      if constexpr (PER == 8) *reinterpret_cast<uint4*>(h) = *reinterpret_cast<const uint4*>(row + lane * PER);
+      else *reinterpret_cast<uint2*>(h) = *reinterpret_cast<const uint2*>(row + lane * PER);
+#pragma unroll
+      for (int i = 0; i < PER; i++) out[i] = dflash_f(h[i]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PER; i++) out[i] = dflash_f(row[(lane * PER + i) * col]);
+}
+
+__device__ __forceinline__ float dflash_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 8 half floats (one 16-byte load) as floats
+template <typename T>
+__device__ __forceinline__ void dflash_unpack8(const uint4& u, float (&f)[8]) {
+  const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; i++) f[i] = dflash_f(h[i]);
+}
+
+// two adjacent half floats (one 4-byte load) as floats
+template <typename T>
+__device__ __forceinline__ float2 dflash_pair(const T* p) {
+  const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+  const T* h = reinterpret_cast<const T*>(&u);
+  return make_float2(dflash_f(h[0]), dflash_f(h[1]));
+}
+"""
+
+_kernels: dict[str, object] = {}
+
+
+def _kernel(name: str, inputs: list[str], outputs: list[str], source: str, contiguous: bool = True):
+    if name not in _kernels:
+        _kernels[name] = mx.fast.cuda_kernel(name=name, input_names=inputs, output_names=outputs,
+                                             source=source, header=_HEADER, ensure_row_contiguous=contiguous)
+    return _kernels[name]
+
+
+def on_cuda() -> bool:
+    """True where MLX runs on an NVIDIA GPU (its CUDA backend)."""
+    return mx.default_device() == mx.gpu and not mx.metal.is_available()
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
