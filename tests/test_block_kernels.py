@@ -19,17 +19,17 @@ import subprocess
 
 import mlx.core as mx
 import pytest
-
 from conftest import _build_pair, oracle_proposer, reference_tokens
+from mlx_lm.models import gated_delta as mlx_gd
+
+from dflash_tui.engine import cuda_allq_attention as cqa
 from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
-from dflash_tui.engine import cuda_split_attention as csa
 from dflash_tui.engine import draft as draft_mod
 from dflash_tui.engine import gdn_tape
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Block
 from dflash_tui.engine.loading import load_pair
-from mlx_lm.models import gated_delta as mlx_gd
 
 PROMPT = "def push(self, item): self.items.append(item) " * 8
 
@@ -115,10 +115,16 @@ def test_allq_attention_reference_equals_the_fused_kernel(causal, S, chunk, tile
     mx.random.seed(S + chunk)
     q = mx.random.normal((1, H, L, D)) * 2
     k, v = mx.random.normal((1, Hkv, 128, D))[:, :, :S], mx.random.normal((1, Hkv, 128, D))[:, :, :S]
-    ours = csa.allq_attention_reference(q, k, v, 0.3, causal, chunk, tile)
+    ours = cqa.allq_attention_reference(q, k, v, 0.3, causal, chunk, tile)
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal" if causal else None)
     assert ours.shape == ref.shape
     assert mx.allclose(ours, ref, atol=1e-5).item()
+    # the tensor-core kernel's weights in 16 bits: within bf16 rounding of the same result
+    qb, kb, vb = q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16)
+    rounded = cqa.allq_attention_reference(qb, kb, vb, 0.3, causal, chunk, tile, rounded_weights=True)
+    exact = cqa.allq_attention_reference(qb, kb, vb, 0.3, causal, chunk, tile)
+    assert rounded.dtype == mx.bfloat16
+    assert mx.allclose(rounded.astype(mx.float32), exact.astype(mx.float32), atol=2e-2, rtol=2e-2).item()
 
 
 def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
@@ -129,9 +135,9 @@ def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
     assert ck.attention_kernel(4096, 128, 2, 4) == "split"  # too few query rows to share a key
     assert ck.attention_kernel(4096, 256, 16, 8) == "one_block"  # 128 rows of 256 do not fit a block
     assert ck.attention_kernel(512, 128, 16, 4) == "one_block"
-    assert not csa.allq_fits(64, 96, 16, 256)  # head widths 32, 64, 128, 256 only
-    assert not csa.allq_fits(64, 128, 32, 80)  # ranges of whole tiles
-    assert csa.allq_shared_bytes(64, 128, 32) <= csa.SHARED_LIMIT
+    assert not cqa.allq_fits(64, 96, 16, 256)  # head widths 32, 64, 128, 256 only
+    assert not cqa.allq_fits(64, 128, 32, 80)  # ranges of whole tiles
+    assert cqa.allq_shared_bytes(64, 128, 32) <= cqa.SHARED_LIMIT
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -316,7 +322,8 @@ def _wrapped(source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "split-128", "split-256", "split-96", "combine",
-                                    "allq-64", "allq-128", "allq-256", "gated-delta"])
+                                    "allq-64", "allq-128", "allq-256", "allqmma-128", "allqmma-256",
+                                    "gated-delta"])
 def test_kernel_sources_compile(tmp_path, kernel):
     bf = "__nv_bfloat16"
     consts = [f"using T = {bf}", "constexpr int G = 4", "constexpr int WARPS = 4", "constexpr bool CAUSAL = true",
@@ -327,8 +334,10 @@ def test_kernel_sources_compile(tmp_path, kernel):
     elif kernel.startswith("allq"):  # what the engine instantiates: 16 queries, 4 heads per KV head
         D = int(kernel.split("-")[1])
         tile = 16 if D == 256 else 32
-        assert csa.allq_fits(16 * 4, D, tile, 256)
-        src = _wrapped(csa._ATTENTION_ALLQ_SOURCE, [("q", bf), ("k", bf), ("v", bf)],
+        mma = kernel.startswith("allqmma")
+        assert (cqa.allq_mma_fits if mma else cqa.allq_fits)(16 * 4, D, tile, 256)
+        source = cqa._ATTENTION_ALLQ_MMA_SOURCE if mma else cqa._ATTENTION_ALLQ_SOURCE
+        src = _wrapped(source, [("q", bf), ("k", bf), ("v", bf)],
                        [("part_o", "float"), ("part_ml", "float")],
                        consts + [f"constexpr int D = {D}", "constexpr int L = 16", f"constexpr int TK = {tile}"])
     elif kernel == "combine":

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.engine import cuda_allq_attention as cqa
 from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
 from dflash_tui.engine import cuda_split_attention as csa
@@ -57,11 +58,16 @@ def attention_variants(H: int, Hkv: int, L: int, D: int, S: int) -> dict[str, Ca
         "split_512x4w": lambda q, k, v, scale, causal: csa.split_attention(
             q, k, v, scale, causal, -(-S // 512), 512, 4),
     }
-    tiles = [t for t in (32, 16) if csa.allq_fits(rows, D, t, 1024)]
+    tiles = [t for t in (32, 16) if cqa.allq_fits(rows, D, t, 1024)]
     for chunk in ALLQ_CHUNKS:
         for tile in tiles[:1] if chunk != 256 else tiles:  # both tiles at one range size
             variants[f"allq_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
-                                                csa.allq_attention(q, k, v, scale, causal, c, t))
+                                                cqa.allq_attention(q, k, v, scale, causal, c, t))
+    mma_tiles = [t for t in (32, 16) if cqa.allq_mma_fits(rows, D, t, 1024)]
+    for chunk in ALLQ_CHUNKS:
+        for tile in mma_tiles[:1]:
+            variants[f"allqmma_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
+                                                   cqa.allq_mma_attention(q, k, v, scale, causal, c, t))
     variants["chosen"] = ck.block_attention
     return variants
 
@@ -72,11 +78,11 @@ ATTENTION_QUERIES = ((16, True), (8, True))  # (L, causal): the verify of a 16- 
 
 
 def attention_rows(chain: int, reps: int, heads=ATTENTION_HEADS, lengths=ATTENTION_KEYS,
-                   queries=ATTENTION_QUERIES) -> list[dict[str, Any]]:
+                   queries=ATTENTION_QUERIES, only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Each kernel and setting against MLX's fused kernel (on a repeated shape, its best case)
     and the float32 reference: `<variant>_us` per call, `<variant>_rel_err` its largest
     difference from the reference (relative to the largest output); `best` the fastest of
-    the engine's own kernels."""
+    the engine's own kernels. `only`: the variants whose names start with one of these."""
     rows = []
     for H, Hkv, D in heads:
         for S in lengths:
@@ -99,6 +105,8 @@ def attention_rows(chain: int, reps: int, heads=ATTENTION_HEADS, lengths=ATTENTI
                     print(json.dumps(row), file=sys.stderr, flush=True)
                     continue
                 for name, fn in attention_variants(H, Hkv, L, D, S).items():
+                    if only and not name.startswith(only):
+                        continue
                     try:  # one variant failing to build must not hide the others' figures
                         row[f"{name}_rel_err"] = _rel(fn(q, k, v, scale, causal), ref)
                         row[f"{name}_us"] = _timed(lambda: [fn(q, k, v, scale, causal) for _ in range(chain)],
@@ -142,12 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--parts", nargs="+", default=["attention", "gated_delta"])
     p.add_argument("--json", action="store_true")
+    p.add_argument("--variants", nargs="+", default=[],
+                   help="attention: only the variants whose names start with these (fused, one_block, split, "
+                        "allq_, allqmma, chosen); a kernel that faults spoils the GPU context for the rest")
     args = p.parse_args(argv)
     if not ck.on_cuda():
         print("block_kernels: needs MLX's CUDA backend (the kernels are CUDA); here the references would run")
         return 2
     report: dict[str, Any] = {"mlx": mx.__version__, "device": mx.device_info().get("device_name")}
-    parts = {"attention": attention_rows, "gated_delta": gated_delta_rows}
+    parts = {"attention": lambda chain, reps: attention_rows(chain, reps, only=tuple(args.variants)),
+             "gated_delta": gated_delta_rows}
     for name in args.parts:
         try:
             report[name] = parts[name](args.chain, args.reps)

@@ -54,6 +54,35 @@ __device__ __forceinline__ float2 dflash_pair(const T* p) {
   const T* h = reinterpret_cast<const T*>(&u);
   return make_float2(dflash_f(h[0]), dflash_f(h[1]));
 }
+
+// d += a b on the tensor cores: a 16 x 16 (row major), b 16 x 8 (column major), d 16 x 8 in
+// float32; fragments as the PTX ISA lays them out for mma.m16n8k16 (the pointer picks the type)
+__device__ __forceinline__ void dflash_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                const __nv_bfloat16*) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void dflash_mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                const __half*) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+               "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// two floats rounded to 16 bits, packed (the first in the low half)
+__device__ __forceinline__ uint32_t dflash_pack2(float2 v, const __nv_bfloat16*) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t dflash_pack2(float2 v, const __half*) {
+  __half2 h = __floats2half2_rn(v.x, v.y);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
 """
 
 _kernels: dict[str, object] = {}

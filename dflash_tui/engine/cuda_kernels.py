@@ -9,8 +9,8 @@ launch each (measured with `python -m dflash_tui.bench.block_kernels`):
 
 - `block_attention`: L <= 16 queries over a KV cache buffer (causal or not,
   GQA), softmax in float32 with the usual running maximum; long caches are cut
-  into key ranges merged by a second launch (`cuda_split_attention`), the
-  choice made by `attention_kernel`;
+  into key ranges merged by a second launch (`cuda_split_attention`,
+  `cuda_allq_attention`), the choice made by `attention_kernel`;
 - `gated_delta_steps`: T steps of the gated delta rule in one launch, with the
   recurrent state after every step (what the hybrid rollback keeps).
 
@@ -25,6 +25,7 @@ import os
 
 import mlx.core as mx
 
+from dflash_tui.engine import cuda_allq_attention as allq
 from dflash_tui.engine import cuda_split_attention as split
 from dflash_tui.engine.cuda_base import _HEADER, _float_bits, _kernel, _kernels, on_cuda  # noqa: F401 (re-exported)
 from dflash_tui.engine.cuda_split_attention import (  # noqa: F401
@@ -189,7 +190,7 @@ def attention_splits(keys: int, head_dim: int) -> int:
     return -(-keys // SPLIT_CHUNK) if keys >= SPLIT_FROM_KEYS and head_dim <= SPLIT_MAX_HEAD_DIM else 1
 
 
-# The all-queries kernel (`cuda_split_attention.allq_attention`: one block per KV head and
+# The all-queries kernel (`cuda_allq_attention.allq_attention`: one block per KV head and
 # range of ALLQ_CHUNK keys for every query and head, so each key is read once per call, not
 # once per query) from ALLQ_FROM_KEYS keys where a KV head has at least ALLQ_MIN_ROWS query
 # rows (L x G). Off until measured on the device (`bench.block_kernels --parts attention`).
@@ -202,7 +203,7 @@ ALLQ_TILE = 32  # keys per shared-memory tile; 16 where 32 does not fit (256-wid
 def allq_tile(rows: int, head_dim: int) -> int:
     """Tile the all-queries kernel reads `rows` query rows of `head_dim` with (0: none fits)."""
     for tile in (ALLQ_TILE, 16):
-        if split.allq_fits(rows, head_dim, tile, ALLQ_CHUNK):
+        if allq.allq_fits(rows, head_dim, tile, ALLQ_CHUNK):
             return tile
     return 0
 
@@ -227,7 +228,7 @@ def block_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
         tile = allq_tile(L * H // Hkv, D)
         if not on_cuda():
             return _allq_attention_reference(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
-        return split.allq_attention(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
+        return allq.allq_attention(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
     if kind == "split":
         splits = attention_splits(S, D)
         if not on_cuda():
@@ -271,4 +272,4 @@ def _split_attention_reference(q: mx.array, k: mx.array, v: mx.array, scale: flo
     return split.split_attention_reference(q, k, v, scale, causal, splits, SPLIT_CHUNK)
 
 
-_allq_attention_reference = split.allq_attention_reference
+_allq_attention_reference = allq.allq_attention_reference
