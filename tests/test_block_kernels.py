@@ -146,15 +146,18 @@ def test_block_attention_takes_the_allq_path(monkeypatch, causal):
     monkeypatch.setattr(ck, "ALLQ_CHUNK", 32)
     seen = []
     monkeypatch.setattr(ck, "_allq_attention_reference",
-                        lambda *a, _ref=ck._allq_attention_reference: seen.append(a[-2:]) or _ref(*a))
+                        lambda *a, _ref=ck._allq_attention_reference: seen.append(a[-3:]) or _ref(*a))
     H, Hkv, D, L, S = 8, 2, 64, 8, 90
     mx.random.seed(7)
     q = mx.random.normal((1, H, L, D))
     k, v = mx.random.normal((1, Hkv, 96, D))[:, :, :S], mx.random.normal((1, Hkv, 96, D))[:, :, :S]
     ours = ck.block_attention(q, k, v, 0.125, causal)
-    assert seen == [(32, ck.ALLQ_TILE)]
+    assert seen == [(32, ck.ALLQ_TILE, False)]
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal" if causal else None)
     assert mx.allclose(ours, ref, atol=1e-5).item()
+    monkeypatch.setattr(ck, "ALLQ_MMA", True)  # the tensor-core version's arithmetic: weights in q's dtype
+    assert mx.allclose(ck.block_attention(q, k, v, 0.125, causal), ref, atol=1e-5).item()  # float32 q: no rounding
+    assert seen[-1] == (32, ck.ALLQ_TILE, True)
 
 
 def test_block_attention_refuses_what_it_cannot_take():

@@ -198,12 +198,14 @@ ALLQ_FROM_KEYS = 1 << 30
 ALLQ_MIN_ROWS = 16
 ALLQ_CHUNK = 256
 ALLQ_TILE = 32  # keys per shared-memory tile; 16 where 32 does not fit (256-wide heads)
+ALLQ_MMA = False  # the tensor-core version (allq_mma_attention) instead of the CUDA-core one
 
 
 def allq_tile(rows: int, head_dim: int) -> int:
     """Tile the all-queries kernel reads `rows` query rows of `head_dim` with (0: none fits)."""
+    fits = allq.allq_mma_fits if ALLQ_MMA else allq.allq_fits
     for tile in (ALLQ_TILE, 16):
-        if allq.allq_fits(rows, head_dim, tile, ALLQ_CHUNK):
+        if fits(rows, head_dim, tile, ALLQ_CHUNK):
             return tile
     return 0
 
@@ -227,8 +229,9 @@ def block_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
     if kind == "allq":
         tile = allq_tile(L * H // Hkv, D)
         if not on_cuda():
-            return _allq_attention_reference(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
-        return allq.allq_attention(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
+            return _allq_attention_reference(q, keys, values, scale, causal, ALLQ_CHUNK, tile, ALLQ_MMA)
+        kernel = allq.allq_mma_attention if ALLQ_MMA else allq.allq_attention
+        return kernel(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
     if kind == "split":
         splits = attention_splits(S, D)
         if not on_cuda():
