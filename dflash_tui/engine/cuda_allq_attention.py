@@ -69,13 +69,8 @@ _ATTENTION_ALLQ_SOURCE = """
     for (int u = 0; u < CH; u++) {
       const int i = t + u * THREADS, s = s0 + i / (D / 8), d = (i % (D / 8)) * 8;
       const bool in = i < TK * (D / 8) && s < s_end;
-      alignas(16) T h[8];
-      if (in && vec) *reinterpret_cast<uint4*>(h) = *reinterpret_cast<const uint4*>(base + s * row + d);
-      else {
-#pragma unroll
-        for (int e = 0; e < 8; e++) h[e] = in ? base[s * row + (d + e) * col] : T(0.f);
-      }
-      reg[u] = *reinterpret_cast<const uint4*>(h);
+      reg[u] = !in ? make_uint4(0u, 0u, 0u, 0u)
+             : vec ? *reinterpret_cast<const uint4*>(base + s * row + d) : dflash_gather8(base + s * row + d * col, col);
     }
   };
   auto stash = [&](const uint4 (&reg)[CH]) {
@@ -230,13 +225,8 @@ _ATTENTION_ALLQ_MMA_SOURCE = """
     for (int u = 0; u < CH; u++) {
       const int i = t + u * THREADS, s = s0 + i / (D / 8), d = (i % (D / 8)) * 8;
       const bool in = i < TK * (D / 8) && s < s_end;
-      alignas(16) T h[8];
-      if (in && vec) *reinterpret_cast<uint4*>(h) = *reinterpret_cast<const uint4*>(base + s * row + d);
-      else {
-#pragma unroll
-        for (int e = 0; e < 8; e++) h[e] = in ? base[s * row + (d + e) * col] : T(0.f);
-      }
-      reg[u] = *reinterpret_cast<const uint4*>(h);
+      reg[u] = !in ? make_uint4(0u, 0u, 0u, 0u)
+             : vec ? *reinterpret_cast<const uint4*>(base + s * row + d) : dflash_gather8(base + s * row + d * col, col);
     }
   };
   auto stash = [&](const uint4 (&reg)[CH]) {
@@ -255,13 +245,13 @@ _ATTENTION_ALLQ_MMA_SOURCE = """
     stash(k_reg);
     __syncthreads();
     fetch(vb, v_row, v_col, v_vec, s0, v_reg);  // in flight during the scores
-#pragma unroll
+#pragma unroll 1
     for (int i = 0; i < SW; i++) {
       const int f = warp + NWARPS * i;
       if (f < ST) {
         const int m0 = (f % MT) * 16, n0 = (f / MT) * 8;
         float sc4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
+#pragma unroll 2  // (fully unrolled: over 128 registers, one block an SM)
         for (int kk = 0; kk < D; kk += 16) {
           const uint32_t a[4] = {word(&q_s[m0 + gq][kk + tq * 2]), word(&q_s[m0 + gq + 8][kk + tq * 2]),
                                  word(&q_s[m0 + gq][kk + tq * 2 + 8]), word(&q_s[m0 + gq + 8][kk + tq * 2 + 8])};
@@ -311,7 +301,7 @@ _ATTENTION_ALLQ_MMA_SOURCE = """
     const float c_lo = c_s[m0 + gq], c_hi = c_s[m0 + gq + 8];
 #pragma unroll
     for (int i = 0; i < OW; i++) { acc[i][0] *= c_lo; acc[i][1] *= c_lo; acc[i][2] *= c_hi; acc[i][3] *= c_hi; }
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < TK; kk += 16) {
       uint32_t a[4];
 #pragma unroll

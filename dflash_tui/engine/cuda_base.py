@@ -83,6 +83,16 @@ __device__ __forceinline__ uint32_t dflash_pack2(float2 v, const __half*) {
   __half2 h = __floats2half2_rn(v.x, v.y);
   return *reinterpret_cast<uint32_t*>(&h);
 }
+
+// 8 strided half floats packed as one 16-byte value; not inlined, so that kernels which
+// rarely take this path keep their registers for the contiguous one
+template <typename T>
+__device__ __noinline__ uint4 dflash_gather8(const T* p, int64_t col) {
+  alignas(16) T h[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) h[i] = p[i * col];
+  return *reinterpret_cast<const uint4*>(h);
+}
 """
 
 _kernels: dict[str, object] = {}
