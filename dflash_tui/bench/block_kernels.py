@@ -4,10 +4,12 @@ For each kernel of `engine.cuda_kernels`: its largest difference from MLX's own
 ops on the same inputs (relative to the largest output), and its time per call
 against MLX's own path, both measured in one run as a chain of calls evaluated
 together (so host-side costs count, as they do in a forward). Shapes are
-Qwen3-4B's and Qwen3.5-4B's. Attention rows time every split-K variant at
-every cache length (where `SPLIT_FROM_KEYS` and `SPLIT_CHUNK` come from).
+Qwen3-4B's and Qwen3.5-4B's. Attention rows time every attention kernel and
+setting side by side at every cache length (where the thresholds of
+`cuda_kernels.attention_kernel` come from: `SPLIT_*`, `ALLQ_*`).
 
     python -m dflash_tui.bench.block_kernels --json
+    python -m dflash_tui.bench.block_kernels --parts attention --chain 12 --reps 5 --json
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.engine import cuda_allq_attention as cqa
 from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
+from dflash_tui.engine import cuda_split_attention as csa
 
 
 def _timed(fn: Callable[[], list[mx.array]], reps: int) -> float:
@@ -40,55 +44,80 @@ def _rel(a: mx.array, b: mx.array) -> float:
     return float((mx.abs(a - b).max() / mx.maximum(mx.abs(b).max(), 1e-6)).item())
 
 
-# (SPLIT_CHUNK, SPLIT_WARPS) tried for the split-K path; None: one block per (KV head, query)
-SPLIT_VARIANTS = (None, (128, 4), (256, 4), (512, 4), (256, 8), (512, 8))
+ALLQ_CHUNKS = (128, 256, 512, 1024)  # key ranges tried for the all-queries kernel
 
 
-def _with_split(variant, fn):
-    """Run fn with block_attention forced to one of SPLIT_VARIANTS."""
-    saved = ck.SPLIT_FROM_KEYS, ck.SPLIT_CHUNK, ck.SPLIT_WARPS, ck.SPLIT_MAX_HEAD_DIM
-    try:
-        if variant is None:
-            ck.SPLIT_FROM_KEYS = 1 << 30
-        else:
-            ck.SPLIT_FROM_KEYS, (ck.SPLIT_CHUNK, ck.SPLIT_WARPS) = 0, variant
-            ck.SPLIT_MAX_HEAD_DIM = 1 << 30
-        return fn()
-    finally:
-        ck.SPLIT_FROM_KEYS, ck.SPLIT_CHUNK, ck.SPLIT_WARPS, ck.SPLIT_MAX_HEAD_DIM = saved
+def attention_variants(H: int, Hkv: int, L: int, D: int, S: int) -> dict[str, Callable[..., mx.array]]:
+    """Every kernel block_attention can choose, with the settings tried: name -> f(q, k, v,
+    scale, causal). "chosen" is block_attention itself (its thresholds' pick)."""
+    rows = L * (H // Hkv)
+    variants: dict[str, Callable[..., mx.array]] = {
+        "fused": lambda q, k, v, scale, causal: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask="causal" if causal else None),
+        "one_block": ck._one_block_attention,
+        "split_512x4w": lambda q, k, v, scale, causal: csa.split_attention(
+            q, k, v, scale, causal, -(-S // 512), 512, 4),
+    }
+    tiles = [t for t in (32, 16) if cqa.allq_fits(rows, D, t, 1024)]
+    for chunk in ALLQ_CHUNKS:
+        for tile in tiles[:1] if chunk != 256 else tiles:  # both tiles at one range size
+            variants[f"allq_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
+                                                cqa.allq_attention(q, k, v, scale, causal, c, t))
+    mma_tiles = [t for t in (32, 16) if cqa.allq_mma_fits(rows, D, t, 1024)]
+    for chunk in ALLQ_CHUNKS:
+        for tile in mma_tiles[:1]:
+            variants[f"allqmma_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
+                                                   cqa.allq_mma_attention(q, k, v, scale, causal, c, t))
+    variants["chosen"] = ck.block_attention
+    return variants
 
 
-def attention_rows(chain: int, reps: int) -> list[dict[str, Any]]:
-    """Each split variant against MLX's fused kernel (on a repeated shape, its best case) and
-    the float32 reference; the engine's own choice at each length is `chosen_us`."""
+ATTENTION_HEADS = ((32, 8, 128), (16, 4, 256))  # (H, Hkv, D): Qwen3-4B's, Qwen3.5-4B's
+ATTENTION_KEYS = (160, 1024, 4096, 16384)
+ATTENTION_QUERIES = ((16, True), (8, True))  # (L, causal): the verify of a 16- and an 8-token block
+
+
+def attention_rows(chain: int, reps: int, heads=ATTENTION_HEADS, lengths=ATTENTION_KEYS,
+                   queries=ATTENTION_QUERIES, only: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Each kernel and setting against MLX's fused kernel (on a repeated shape, its best case)
+    and the float32 reference: `<variant>_us` per call, `<variant>_rel_err` its largest
+    difference from the reference (relative to the largest output); `best` the fastest of
+    the engine's own kernels. `only`: the variants whose names start with one of these."""
     rows = []
-    for H, Hkv, D in ((32, 8, 128), (16, 4, 256)):
-        for S in (160, 1024, 2048, 4096, 16384):
-            cap = -(-S // 256) * 256  # keys are read in place from a longer buffer, as from a KVCache
+    for H, Hkv, D in heads:
+        for S in lengths:
+            cap = -(-S // 256) * 256 + 256  # keys are read in place from a longer buffer, as from a KVCache
             keys = mx.random.normal((1, Hkv, cap, D)).astype(mx.bfloat16)
             values = mx.random.normal((1, Hkv, cap, D)).astype(mx.bfloat16)
-            for L, causal in ((16, True), (16, False), (8, True)):
+            for L, causal in queries:
                 q = mx.random.normal((1, H, L, D)).astype(mx.bfloat16)
                 mx.eval(q, keys, values)
                 k, v = keys[:, :, :S], values[:, :, :S]
                 scale = D**-0.5
-                ref = ck._attention_reference(q, k, v, scale, causal)
-                mask = "causal" if causal else None
-                fused = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
                 row: dict[str, Any] = {"H": H, "Hkv": Hkv, "D": D, "S": S, "L": L, "causal": causal,
-                                       "splits": ck.attention_splits(S, D), "fused_rel_err": _rel(fused, ref)}
-                row["fused_us"] = _timed(lambda: [mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
-                                                  for _ in range(chain)], reps) / chain * 1e6
-                for variant in SPLIT_VARIANTS:
-                    name = "one_block" if variant is None else f"split_{variant[0]}x{variant[1]}w"
-                    row[f"{name}_rel_err"] = _with_split(variant, lambda: _rel(ck.block_attention(q, k, v, scale, causal),
-                                                                               ref))
-                    row[f"{name}_us"] = _with_split(variant, lambda: _timed(
-                        lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)], reps)) / chain * 1e6
-                row["chosen_us"] = _timed(lambda: [ck.block_attention(q, k, v, scale, causal) for _ in range(chain)],
-                                          reps) / chain * 1e6
+                                       "chosen_kernel": ck.attention_kernel(S, D, L, H // Hkv)}
+                try:
+                    ref = ck._attention_reference(q, k, v, scale, causal)
+                    mx.eval(ref)
+                except Exception as exc:
+                    row["error"] = f"reference: {type(exc).__name__}: {exc}"
+                    rows.append(row)
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    continue
+                for name, fn in attention_variants(H, Hkv, L, D, S).items():
+                    if only and not name.startswith(only):
+                        continue
+                    try:  # one variant failing to build must not hide the others' figures
+                        row[f"{name}_rel_err"] = _rel(fn(q, k, v, scale, causal), ref)
+                        row[f"{name}_us"] = _timed(lambda: [fn(q, k, v, scale, causal) for _ in range(chain)],
+                                                   reps) / chain * 1e6
+                    except Exception as exc:
+                        row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                ours = {n[:-3]: t for n, t in row.items() if n.endswith("_us") and n not in ("fused_us", "chosen_us")}
+                if ours:
+                    row["best"] = min(ours, key=ours.get)
                 rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)  # progress
+                print(json.dumps(row), file=sys.stderr, flush=True)  # progress: a run cut short keeps its rows
     return rows
 
 
@@ -121,12 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--parts", nargs="+", default=["attention", "gated_delta"])
     p.add_argument("--json", action="store_true")
+    p.add_argument("--variants", nargs="+", default=[],
+                   help="attention: only the variants whose names start with these (fused, one_block, split, "
+                        "allq_, allqmma, chosen); a kernel that faults spoils the GPU context for the rest")
     args = p.parse_args(argv)
     if not ck.on_cuda():
         print("block_kernels: needs MLX's CUDA backend (the kernels are CUDA); here the references would run")
         return 2
     report: dict[str, Any] = {"mlx": mx.__version__, "device": mx.device_info().get("device_name")}
-    parts = {"attention": attention_rows, "gated_delta": gated_delta_rows}
+    parts = {"attention": lambda chain, reps: attention_rows(chain, reps, only=tuple(args.variants)),
+             "gated_delta": gated_delta_rows}
     for name in args.parts:
         try:
             report[name] = parts[name](args.chain, args.reps)
