@@ -144,6 +144,7 @@ def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
 def test_block_attention_takes_the_allq_path(monkeypatch, causal):
     monkeypatch.setattr(ck, "ALLQ_FROM_KEYS", 32)
     monkeypatch.setattr(ck, "ALLQ_CHUNK", 32)
+    monkeypatch.setattr(ck, "ALLQ_MMA", False)  # the CUDA-core version's arithmetic first
     seen = []
     monkeypatch.setattr(ck, "_allq_attention_reference",
                         lambda *a, _ref=ck._allq_attention_reference: seen.append(a[-3:]) or _ref(*a))
@@ -248,6 +249,7 @@ def test_allq_attention_path_matches_stream_generate(attention_dirs, forced, mon
     monkeypatch.setattr(ck, "ALLQ_MIN_ROWS", 1)
     monkeypatch.setattr(ck, "ALLQ_CHUNK", 32)
     monkeypatch.setattr(ck, "ALLQ_TILE", 16)
+    monkeypatch.setattr(ck, "ALLQ_MMA", False)  # the CUDA-core version's arithmetic (its reference has no 16-bit weights)
     calls = []
     monkeypatch.setattr(ck, "_allq_attention_reference",
                         lambda *a, _ref=ck._allq_attention_reference: calls.append(a[0].shape) or _ref(*a))

@@ -193,12 +193,14 @@ def attention_splits(keys: int, head_dim: int) -> int:
 # The all-queries kernel (`cuda_allq_attention.allq_attention`: one block per KV head and
 # range of ALLQ_CHUNK keys for every query and head, so each key is read once per call, not
 # once per query) from ALLQ_FROM_KEYS keys where a KV head has at least ALLQ_MIN_ROWS query
-# rows (L x G). Off until measured on the device (`bench.block_kernels --parts attention`).
-ALLQ_FROM_KEYS = 1 << 30
+# rows (L x G). Set from `bench.block_kernels --parts attention` on an H200 (docs/gpu-cycle.md):
+# the tensor-core version beat split-K and one block per query from 1024 keys at both head
+# widths (4096 keys, 16 queries, D=128: 53 against 179 µs split-K), not below.
+ALLQ_FROM_KEYS = 1024
 ALLQ_MIN_ROWS = 16
-ALLQ_CHUNK = 256
+ALLQ_CHUNK = 512
 ALLQ_TILE = 32  # keys per shared-memory tile; 16 where 32 does not fit (256-wide heads)
-ALLQ_MMA = False  # the tensor-core version (allq_mma_attention) instead of the CUDA-core one
+ALLQ_MMA = True  # the tensor-core version (allq_mma_attention); the CUDA-core one lost at every size
 
 
 def allq_tile(rows: int, head_dim: int) -> int:
