@@ -119,12 +119,14 @@ def test_allq_attention_reference_equals_the_fused_kernel(causal, S, chunk, tile
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal" if causal else None)
     assert ours.shape == ref.shape
     assert mx.allclose(ours, ref, atol=1e-5).item()
-    # the tensor-core kernel's weights in 16 bits: within bf16 rounding of the same result
+    # in bf16 the weights are rounded to 16 bits for the tensor cores: within bf16 rounding of the
+    # float32 result
     qb, kb, vb = q.astype(mx.bfloat16), k.astype(mx.bfloat16), v.astype(mx.bfloat16)
-    rounded = cqa.allq_attention_reference(qb, kb, vb, 0.3, causal, chunk, tile, rounded_weights=True)
-    exact = cqa.allq_attention_reference(qb, kb, vb, 0.3, causal, chunk, tile)
+    rounded = cqa.allq_attention_reference(qb, kb, vb, 0.3, causal, chunk, tile)
     assert rounded.dtype == mx.bfloat16
-    assert mx.allclose(rounded.astype(mx.float32), exact.astype(mx.float32), atol=2e-2, rtol=2e-2).item()
+    exact = mx.fast.scaled_dot_product_attention(qb.astype(mx.float32), kb.astype(mx.float32), vb.astype(mx.float32),
+                                                 scale=0.3, mask="causal" if causal else None)
+    assert mx.allclose(rounded.astype(mx.float32), exact, atol=2e-2, rtol=2e-2).item()
 
 
 def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
@@ -135,7 +137,7 @@ def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
     assert ck.attention_kernel(4096, 128, 2, 4) == "split"  # too few query rows to share a key
     assert ck.attention_kernel(4096, 256, 16, 8) == "one_block"  # 128 rows of 256 do not fit a block
     assert ck.attention_kernel(512, 128, 16, 4) == "one_block"
-    assert not cqa.allq_fits(64, 96, 16, 256)  # head widths 32, 64, 128, 256 only
+    assert not cqa.allq_fits(64, 96, 16, 256)  # head widths 64, 128, 256 only
     assert not cqa.allq_fits(64, 128, 32, 80)  # ranges of whole tiles
     assert cqa.allq_shared_bytes(64, 128, 32) <= cqa.SHARED_LIMIT
 
@@ -144,21 +146,17 @@ def test_allq_path_is_chosen_by_keys_rows_and_fit(monkeypatch):
 def test_block_attention_takes_the_allq_path(monkeypatch, causal):
     monkeypatch.setattr(ck, "ALLQ_FROM_KEYS", 32)
     monkeypatch.setattr(ck, "ALLQ_CHUNK", 32)
-    monkeypatch.setattr(ck, "ALLQ_MMA", False)  # the CUDA-core version's arithmetic first
     seen = []
     monkeypatch.setattr(ck, "_allq_attention_reference",
-                        lambda *a, _ref=ck._allq_attention_reference: seen.append(a[-3:]) or _ref(*a))
+                        lambda *a, _ref=ck._allq_attention_reference: seen.append(a[-2:]) or _ref(*a))
     H, Hkv, D, L, S = 8, 2, 64, 8, 90
     mx.random.seed(7)
     q = mx.random.normal((1, H, L, D))
     k, v = mx.random.normal((1, Hkv, 96, D))[:, :, :S], mx.random.normal((1, Hkv, 96, D))[:, :, :S]
     ours = ck.block_attention(q, k, v, 0.125, causal)
-    assert seen == [(32, ck.ALLQ_TILE, False)]
+    assert seen == [(32, ck.ALLQ_TILE)]
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal" if causal else None)
-    assert mx.allclose(ours, ref, atol=1e-5).item()
-    monkeypatch.setattr(ck, "ALLQ_MMA", True)  # the tensor-core version's arithmetic: weights in q's dtype
-    assert mx.allclose(ck.block_attention(q, k, v, 0.125, causal), ref, atol=1e-5).item()  # float32 q: no rounding
-    assert seen[-1] == (32, ck.ALLQ_TILE, True)
+    assert mx.allclose(ours, ref, atol=1e-5).item()  # float32 q: the weights' rounding changes nothing
 
 
 def test_block_attention_refuses_what_it_cannot_take():
@@ -243,17 +241,22 @@ def test_split_attention_path_matches_stream_generate(attention_dirs, forced, mo
     assert splits and max(splits) >= 4
 
 
-def test_allq_attention_path_matches_stream_generate(attention_dirs, forced, monkeypatch):
+@pytest.fixture(scope="module")
+def attention64_dirs(tmp_path_factory):
+    # head_dim 64: the narrowest the all-queries kernel takes
+    return _build_pair(tmp_path_factory.mktemp("qwen3_hd64"), "qwen3", seed=3, head_dim=64, layers=8)
+
+
+def test_allq_attention_path_matches_stream_generate(attention64_dirs, forced, monkeypatch):
     # every verify and draft forward past 48 cached keys goes through the all-queries arithmetic
     monkeypatch.setattr(ck, "ALLQ_FROM_KEYS", 48)
     monkeypatch.setattr(ck, "ALLQ_MIN_ROWS", 1)
     monkeypatch.setattr(ck, "ALLQ_CHUNK", 32)
     monkeypatch.setattr(ck, "ALLQ_TILE", 16)
-    monkeypatch.setattr(ck, "ALLQ_MMA", False)  # the CUDA-core version's arithmetic (its reference has no 16-bit weights)
     calls = []
     monkeypatch.setattr(ck, "_allq_attention_reference",
                         lambda *a, _ref=ck._allq_attention_reference: calls.append(a[0].shape) or _ref(*a))
-    pair = load_pair(str(attention_dirs["target"]), str(attention_dirs["draft"]))
+    pair = load_pair(str(attention64_dirs["target"]), str(attention64_dirs["draft"]))
     ref, blocks, done = oracle_generate(pair, 8, 80, seed=6)
     assert done.tokens == ref
     assert calls and max(shape[2] for shape in calls) == 8  # the verify's 8 queries
@@ -327,7 +330,7 @@ def _wrapped(source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "split-128", "split-256", "split-96", "combine",
-                                    "allq-64", "allq-128", "allq-256", "allqmma-128", "allqmma-256",
+                                    "allq-128", "allq-256",
                                     "gated-delta"])
 def test_kernel_sources_compile(tmp_path, kernel):
     bf = "__nv_bfloat16"
@@ -339,10 +342,8 @@ def test_kernel_sources_compile(tmp_path, kernel):
     elif kernel.startswith("allq"):  # what the engine instantiates: 16 queries, 4 heads per KV head
         D = int(kernel.split("-")[1])
         tile = 16 if D == 256 else 32
-        mma = kernel.startswith("allqmma")
-        assert (cqa.allq_mma_fits if mma else cqa.allq_fits)(16 * 4, D, tile, 256)
-        source = cqa._ATTENTION_ALLQ_MMA_SOURCE if mma else cqa._ATTENTION_ALLQ_SOURCE
-        src = _wrapped(source, [("q", bf), ("k", bf), ("v", bf)],
+        assert cqa.allq_fits(16 * 4, D, tile, 256)
+        src = _wrapped(cqa._ATTENTION_ALLQ_SOURCE, [("q", bf), ("k", bf), ("v", bf)],
                        [("part_o", "float"), ("part_ml", "float")],
                        consts + [f"constexpr int D = {D}", "constexpr int L = 16", f"constexpr int TK = {tile}"])
     elif kernel == "combine":

@@ -60,14 +60,9 @@ def attention_variants(H: int, Hkv: int, L: int, D: int, S: int) -> dict[str, Ca
     }
     tiles = [t for t in (32, 16) if cqa.allq_fits(rows, D, t, 1024)]
     for chunk in ALLQ_CHUNKS:
-        for tile in tiles[:1] if chunk != 256 else tiles:  # both tiles at one range size
+        for tile in tiles[:1]:
             variants[f"allq_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
                                                 cqa.allq_attention(q, k, v, scale, causal, c, t))
-    mma_tiles = [t for t in (32, 16) if cqa.allq_mma_fits(rows, D, t, 1024)]
-    for chunk in ALLQ_CHUNKS:
-        for tile in mma_tiles[:1]:
-            variants[f"allqmma_{chunk}x{tile}"] = (lambda q, k, v, scale, causal, c=chunk, t=tile:
-                                                   cqa.allq_mma_attention(q, k, v, scale, causal, c, t))
     variants["chosen"] = ck.block_attention
     return variants
 
@@ -152,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     p.add_argument("--variants", nargs="+", default=[],
                    help="attention: only the variants whose names start with these (fused, one_block, split, "
-                        "allq_, allqmma, chosen); a kernel that faults spoils the GPU context for the rest")
+                        "allq, chosen); a kernel that faults spoils the GPU context for the rest")
     args = p.parse_args(argv)
     if not ck.on_cuda():
         print("block_kernels: needs MLX's CUDA backend (the kernels are CUDA); here the references would run")

@@ -5,7 +5,7 @@ The range's keys and values are read once, a tile at a time, into shared memory 
 dotted there with every query row of the KV head, instead of once per query as the
 split kernel (`cuda_split_attention`) reads them; the ranges are merged by its
 `combine`. Two versions of the same arithmetic: on the CUDA cores (`allq_attention`)
-and on the tensor cores (`allq_mma_attention`). `allq_attention_reference` replays
+and on the tensor cores (`allq_attention`). `allq_attention_reference` replays
 it in MLX ops.
 """
 
@@ -20,170 +20,15 @@ from dflash_tui.engine.cuda_split_attention import (
     combine_reference,
 )
 
-# All queries at once: block (KV head, key range) holds the L x G query rows in shared memory
-# (row r = query r / G, head r % G), then for each tile of TK keys: the tile's keys into shared
-# memory, the ROWS x TK scores (thread: one key, ROWS / (THREADS / TK) rows), each row's running
-# maximum and sum (one warp a row), the tile's values into the same buffer, and the ROWS x D
-# output (thread: two adjacent columns of a few rows, kept in registers). Every key and value
-# of the range is read from memory once for all L x G rows. Partials as the split kernel's.
-_ATTENTION_ALLQ_SOURCE = """
-  constexpr int THREADS = 256;
-  constexpr int ROWS = L * G;
-  constexpr int DP = D + 8;                 // padded rows: 16-byte loads of adjacent keys hit other banks
-  constexpr int NRG = THREADS / TK;         // score phase: key t % TK, rows t / TK + NRG * i
-  constexpr int SR = (ROWS + NRG - 1) / NRG;
-  constexpr int NCP = D / 2;                // output phase: columns 2 (t % NCP) +0/+1, rows t / NCP + VRG * i
-  constexpr int VRG = THREADS / NCP;
-  constexpr int VR = (ROWS + VRG - 1) / VRG;
-  constexpr int JW = (TK + 31) / 32;        // softmax phase: a lane's keys of the tile
-  constexpr int CH = (TK * (D / 8) + THREADS - 1) / THREADS;
-  __shared__ __align__(16) T q_s[ROWS][DP];
-  __shared__ __align__(16) T kv_s[TK][DP];
-  __shared__ __align__(16) float p_s[ROWS][TK];
-  __shared__ float m_s[ROWS], l_s[ROWS], c_s[ROWS];
-  const float NEG_INF = __int_as_float(0xff800000);
-  const float sc = __int_as_float(SCALE_BITS);
-  const int S = k_shape[2], Hkv = k_shape[1];
-  const int splits = gridDim.x / Hkv;
-  const int hk = blockIdx.x / splits, c = blockIdx.x % splits;
-  const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
-  const int s_begin = c * CHUNK, s_end = min(s_begin + CHUNK, S);
-  for (int i = t; i < ROWS * D; i += THREADS) {
-    const int r = i / D, d = i % D;
-    q_s[r][d] = q[(hk * G + r % G) * q_strides[1] + (r / G) * q_strides[2] + d * q_strides[3]];
-  }
-  for (int r = t; r < ROWS; r += THREADS) { m_s[r] = NEG_INF; l_s[r] = 0.f; }
-  float acc[VR][2];
-#pragma unroll
-  for (int i = 0; i < VR; i++) { acc[i][0] = 0.f; acc[i][1] = 0.f; }
-  const T* kb = k + hk * k_strides[1];
-  const T* vb = v + hk * v_strides[1];
-  const int64_t k_row = k_strides[2], v_row = v_strides[2], k_col = k_strides[3], v_col = v_strides[3];
-  const bool k_vec = k_col == 1 && k_row % 8 == 0 && (reinterpret_cast<size_t>(kb) & 15) == 0;
-  const bool v_vec = v_col == 1 && v_row % 8 == 0 && (reinterpret_cast<size_t>(vb) & 15) == 0;
-  const int jq = t % TK, rq = t / TK, cp = t % NCP, rv = t / NCP;
-  // a tile's keys or values, 8 elements a piece, CH pieces a thread: fetched into registers while
-  // the previous phase computes, then stashed into shared memory (rows past the range: zeros)
-  auto fetch = [&](const T* base, int64_t row, int64_t col, bool vec, int s0, uint4 (&reg)[CH]) {
-#pragma unroll
-    for (int u = 0; u < CH; u++) {
-      const int i = t + u * THREADS, s = s0 + i / (D / 8), d = (i % (D / 8)) * 8;
-      const bool in = i < TK * (D / 8) && s < s_end;
-      reg[u] = !in ? make_uint4(0u, 0u, 0u, 0u)
-             : vec ? *reinterpret_cast<const uint4*>(base + s * row + d) : dflash_gather8(base + s * row + d * col, col);
-    }
-  };
-  auto stash = [&](const uint4 (&reg)[CH]) {
-#pragma unroll
-    for (int u = 0; u < CH; u++) {
-      const int i = t + u * THREADS;
-      if (i < TK * (D / 8)) *reinterpret_cast<uint4*>(&kv_s[i / (D / 8)][(i % (D / 8)) * 8]) = reg[u];
-    }
-  };
-  uint4 k_reg[CH], v_reg[CH];
-  fetch(kb, k_row, k_col, k_vec, s_begin, k_reg);
-  for (int s0 = s_begin; s0 < s_end; s0 += TK) {
-    __syncthreads();  // the last tile's values are read (and q_s, m_s, l_s written before the first)
-    stash(k_reg);
-    __syncthreads();
-    fetch(vb, v_row, v_col, v_vec, s0, v_reg);  // in flight during the scores
-    {
-      float dot[SR];
-#pragma unroll
-      for (int i = 0; i < SR; i++) dot[i] = 0.f;
-#pragma unroll 2
-      for (int d = 0; d < D; d += 8) {
-        float kf[8];
-        dflash_unpack8<T>(*reinterpret_cast<const uint4*>(&kv_s[jq][d]), kf);
-#pragma unroll
-        for (int i = 0; i < SR; i++) {
-          float qf[8];
-          dflash_unpack8<T>(*reinterpret_cast<const uint4*>(&q_s[min(rq + NRG * i, ROWS - 1)][d]), qf);
-#pragma unroll
-          for (int e = 0; e < 8; e++) dot[i] = fmaf(qf[e], kf[e], dot[i]);
-        }
-      }
-      const int s = s0 + jq;
-#pragma unroll
-      for (int i = 0; i < SR; i++) {
-        const int r = rq + NRG * i;
-        if (r < ROWS) p_s[r][jq] = s < s_end && (!CAUSAL || s <= S - L + r / G) ? dot[i] * sc : NEG_INF;
-      }
-    }
-    __syncthreads();
-    stash(v_reg);  // the values replace the keys
-    if (s0 + TK < s_end) fetch(kb, k_row, k_col, k_vec, s0 + TK, k_reg);  // in flight during softmax and output
-    for (int r = warp; r < ROWS; r += THREADS / 32) {
-      float x[JW], m_tile = NEG_INF;
-#pragma unroll
-      for (int u = 0; u < JW; u++) {
-        const int j = lane + 32 * u;
-        x[u] = j < TK ? p_s[r][j] : NEG_INF;
-        m_tile = fmaxf(m_tile, x[u]);
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m_tile = fmaxf(m_tile, __shfl_xor_sync(0xffffffffu, m_tile, o));
-      const float m_old = m_s[r], m_new = fmaxf(m_old, m_tile);
-      const float base = m_new == NEG_INF ? 0.f : m_new;  // no key yet: every weight 0, no NaN
-      float sum = 0.f;
-#pragma unroll
-      for (int u = 0; u < JW; u++) {
-        const int j = lane + 32 * u;
-        const float p = __expf(x[u] - base);
-        if (j < TK) p_s[r][j] = p;
-        sum += p;
-      }
-      sum = dflash_warp_sum(sum);
-      __syncwarp();
-      if (lane == 0) {
-        const float corr = __expf(m_old - base);
-        m_s[r] = m_new;
-        l_s[r] = l_s[r] * corr + sum;
-        c_s[r] = corr;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < VR; i++) {
-      const float corr = c_s[min(rv + VRG * i, ROWS - 1)];
-      acc[i][0] *= corr;
-      acc[i][1] *= corr;
-    }
-#pragma unroll 1
-    for (int j = 0; j < TK; j += 4) {
-      float2 vf[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) vf[e] = dflash_pair<T>(&kv_s[j + e][2 * cp]);
-#pragma unroll
-      for (int i = 0; i < VR; i++) {
-        const float4 p = *reinterpret_cast<const float4*>(&p_s[min(rv + VRG * i, ROWS - 1)][j]);
-        acc[i][0] = fmaf(p.x, vf[0].x, fmaf(p.y, vf[1].x, fmaf(p.z, vf[2].x, fmaf(p.w, vf[3].x, acc[i][0]))));
-        acc[i][1] = fmaf(p.x, vf[0].y, fmaf(p.y, vf[1].y, fmaf(p.z, vf[2].y, fmaf(p.w, vf[3].y, acc[i][1]))));
-      }
-    }
-  }
-  // partials [Hkv, L, splits, G, D] and [.., G, 2], as the split kernel writes them
-#pragma unroll
-  for (int i = 0; i < VR; i++) {
-    const int r = rv + VRG * i;
-    if (r < ROWS) {
-      const size_t j = (((size_t)hk * L + r / G) * splits + c) * G + r % G;
-      part_o[j * D + 2 * cp] = acc[i][0];
-      part_o[j * D + 2 * cp + 1] = acc[i][1];
-    }
-  }
-  for (int r = t; r < ROWS; r += THREADS) {
-    const size_t j = (((size_t)hk * L + r / G) * splits + c) * G + r % G;
-    part_ml[j * 2] = m_s[r];
-    part_ml[j * 2 + 1] = l_s[r];
-  }
-"""
-
-# The same blocks and phases on the tensor cores (mma.sync m16n8k16, 16-bit inputs, float32
-# sums; fragment layouts as the PTX ISA gives them for that shape): the rows padded to MT
+# All queries at once, on the tensor cores: block (KV head, key range) holds the L x G query
+# rows (row r = query r / G, head r % G) in shared memory; for each tile of TK keys, the
+# tile's keys, the scores, each row's running maximum and sum, then the tile's values and
+# the output (mma.sync m16n8k16, 16-bit inputs, float32 sums; fragment layouts as the PTX
+# ISA gives them for that shape). Every key and value of the range is read from memory once
+# for all rows; partials as the split kernel's. The rows are padded to MT
 # tiles of 16, each warp takes whole 16 x 8 tiles of the scores and of the output (the output
 # tiles stay in its registers), the weights rounded to 16 bits for the product with the values.
-_ATTENTION_ALLQ_MMA_SOURCE = """
+_ATTENTION_ALLQ_SOURCE = """
   constexpr int THREADS = 256, NWARPS = 8;
   constexpr int ROWS = L * G;
   constexpr int MT = ROWS <= 16 ? 1 : ROWS <= 32 ? 2 : ROWS <= 64 ? 4 : 8;  // 16-row tiles (8 % MT == 0)
@@ -350,37 +195,24 @@ SHARED_LIMIT = 48 * 1024  # static shared memory a block may declare
 
 
 def allq_shared_bytes(rows: int, head_dim: int, tile: int) -> int:
-    """Shared memory of the all-queries kernel: query rows and one key/value tile (16-bit, rows
-    padded by 8), the tile's scores and the rows' maximum, sum and correction (float32)."""
-    return (rows + tile) * (head_dim + 8) * 2 + rows * tile * 4 + rows * 12
-
-
-def allq_fits(rows: int, head_dim: int, tile: int, chunk: int) -> bool:
-    """Whether the all-queries kernel takes `rows` (= L x G) query rows of `head_dim` with this
-    tile and key range: shared memory within a block's limit, at most 64 output registers per
-    thread, head widths 32/64/128/256."""
-    return (head_dim in (32, 64, 128, 256) and tile in (16, 32, 64) and chunk % tile == 0
-            and rows * head_dim <= 64 * ALLQ_THREADS and allq_shared_bytes(rows, head_dim, tile) <= SHARED_LIMIT)
-
-
-def allq_mma_shared_bytes(rows: int, head_dim: int, tile: int) -> int:
     """Shared memory of the tensor-core kernel: rows padded to 16-row tiles (a power of 2)."""
     rp = 16 * (1 << max(0, (-(-rows // 16) - 1).bit_length()))
     return (rp + tile) * (head_dim + 8) * 2 + rp * (tile + 4) * 4 + rp * 12
 
 
-def allq_mma_fits(rows: int, head_dim: int, tile: int, chunk: int) -> bool:
+def allq_fits(rows: int, head_dim: int, tile: int, chunk: int) -> bool:
     """Whether the tensor-core kernel takes `rows` query rows of `head_dim`: at most 128 rows,
     head widths 64/128/256, tiles of 16 or 32 keys, at most 64 output registers a thread."""
     mt = 1 << max(0, (-(-rows // 16) - 1).bit_length())
     return (rows <= 128 and head_dim in (64, 128, 256) and tile in (16, 32) and chunk % tile == 0
-            and -(-mt * head_dim // 64) * 4 <= 64 and allq_mma_shared_bytes(rows, head_dim, tile) <= SHARED_LIMIT)
+            and -(-mt * head_dim // 64) * 4 <= 64 and allq_shared_bytes(rows, head_dim, tile) <= SHARED_LIMIT)
 
 
 def allq_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool,
-                   chunk: int, tile: int) -> mx.array:
+                       chunk: int, tile: int) -> mx.array:
     """One block per (KV head, key range of `chunk` keys) for all queries and heads, read in
-    tiles of `tile` keys; then the ranges combined. Needs `allq_fits`."""
+    tiles of `tile` keys on the tensor cores (the weights rounded to the inputs' 16 bits for
+    the product with the values); then the ranges combined. Needs `allq_fits`."""
     _, H, L, D = q.shape
     Hkv, S, G = keys.shape[1], keys.shape[2], H // keys.shape[1]
     if not allq_fits(L * G, D, tile, chunk):
@@ -399,36 +231,14 @@ def allq_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, 
     return combine(part_o, part_ml, q)
 
 
-def allq_mma_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, causal: bool,
-                       chunk: int, tile: int) -> mx.array:
-    """allq_attention on the tensor cores (weights rounded to the inputs' 16 bits for the
-    product with the values). Needs `allq_mma_fits`."""
-    _, H, L, D = q.shape
-    Hkv, S, G = keys.shape[1], keys.shape[2], H // keys.shape[1]
-    if not allq_mma_fits(L * G, D, tile, chunk):
-        raise ValueError(f"allq_mma_attention: {L} x {G} rows of {D} do not fit tiles of {tile} in ranges of {chunk}")
-    splits = -(-S // chunk)
-    part_o, part_ml = _kernel("dflash_allq_mma_attention", ["q", "k", "v"], ["part_o", "part_ml"],
-                              _ATTENTION_ALLQ_MMA_SOURCE, contiguous=False)(
-        inputs=[q, keys, values],
-        template=[("T", q.dtype), ("D", D), ("L", L), ("G", G), ("TK", tile), ("CHUNK", chunk),
-                  ("CAUSAL", bool(causal)), ("SCALE_BITS", _float_bits(scale))],
-        grid=(Hkv * splits * ALLQ_THREADS, 1, 1),
-        threadgroup=(ALLQ_THREADS, 1, 1),
-        output_shapes=[(Hkv, L, splits, G, D), (Hkv, L, splits, G, 2)],
-        output_dtypes=[mx.float32, mx.float32],
-    )
-    return combine(part_o, part_ml, q)
-
-
 # -- reference: the kernels' arithmetic in MLX ops ----------------------------------
 
 def allq_attention_reference(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool,
-                             chunk: int, tile: int, rounded_weights: bool = False) -> mx.array:
-    """The all-queries kernels' arithmetic: per key range, tile after tile, each row's running
+                             chunk: int, tile: int) -> mx.array:
+    """The all-queries kernel's arithmetic: per key range, tile after tile, each row's running
     maximum and sum (the output so far rescaled by exp(m_old - m_new)); then the ranges combined.
-    `rounded_weights`: the weights rounded to q's dtype for the product with the values (the
-    tensor-core kernel; the sums keep them in float32)."""
+    The weights are rounded to q's dtype for the product with the values, as the tensor cores
+    take them (the sums keep them in float32)."""
     _, H, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     qf = q.astype(mx.float32).reshape(1, Hkv, H // Hkv, L, D)
@@ -447,8 +257,7 @@ def allq_attention_reference(q: mx.array, k: mx.array, v: mx.array, scale: float
             base = mx.where(mx.isinf(m_new), 0.0, m_new)  # no key yet: every weight 0
             corr, p = mx.exp(m - base), mx.exp(scores - base)
             lsum = lsum * corr + p.sum(axis=-1, keepdims=True)
-            pv = p.astype(q.dtype).astype(mx.float32) if rounded_weights else p
-            acc = acc * corr + pv @ v[:, :, None, t0:t1].astype(mx.float32)
+            acc = acc * corr + p.astype(q.dtype).astype(mx.float32) @ v[:, :, None, t0:t1].astype(mx.float32)
             m = m_new
         parts.append((acc, m, lsum))
     return combine_reference(parts, q)

@@ -194,20 +194,18 @@ def attention_splits(keys: int, head_dim: int) -> int:
 # range of ALLQ_CHUNK keys for every query and head, so each key is read once per call, not
 # once per query) from ALLQ_FROM_KEYS keys where a KV head has at least ALLQ_MIN_ROWS query
 # rows (L x G). Set from `bench.block_kernels --parts attention` on an H200 (docs/gpu-cycle.md):
-# the tensor-core version beat split-K and one block per query from 1024 keys at both head
+# the (tensor-core) kernel beat split-K and one block per query from 1024 keys at both head
 # widths (4096 keys, 16 queries, D=128: 53 against 179 µs split-K), not below.
 ALLQ_FROM_KEYS = 1024
 ALLQ_MIN_ROWS = 16
 ALLQ_CHUNK = 512
 ALLQ_TILE = 32  # keys per shared-memory tile; 16 where 32 does not fit (256-wide heads)
-ALLQ_MMA = True  # the tensor-core version (allq_mma_attention); the CUDA-core one lost at every size
 
 
 def allq_tile(rows: int, head_dim: int) -> int:
     """Tile the all-queries kernel reads `rows` query rows of `head_dim` with (0: none fits)."""
-    fits = allq.allq_mma_fits if ALLQ_MMA else allq.allq_fits
     for tile in (ALLQ_TILE, 16):
-        if fits(rows, head_dim, tile, ALLQ_CHUNK):
+        if allq.allq_fits(rows, head_dim, tile, ALLQ_CHUNK):
             return tile
     return 0
 
@@ -231,9 +229,8 @@ def block_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
     if kind == "allq":
         tile = allq_tile(L * H // Hkv, D)
         if not on_cuda():
-            return _allq_attention_reference(q, keys, values, scale, causal, ALLQ_CHUNK, tile, ALLQ_MMA)
-        kernel = allq.allq_mma_attention if ALLQ_MMA else allq.allq_attention
-        return kernel(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
+            return _allq_attention_reference(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
+        return allq.allq_attention(q, keys, values, scale, causal, ALLQ_CHUNK, tile)
     if kind == "split":
         splits = attention_splits(S, D)
         if not on_cuda():
