@@ -191,14 +191,17 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     return row
 
 
-def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtype: mx.Dtype) -> dict[str, Any]:
+def _attention_case(heads: int, kv_heads: int, head_dim: int, context: int, dtype: mx.Dtype, seed: int):
+    """Random keys/values for `context` + 16 positions and 16 queries (laid out as mlx-lm lays
+    them out); the 16 decode steps' outputs ([1, H, 16, D], each one MLX call on a KVCache grown
+    a token at a time, the query laid out as a step's) and the verify's keys and values (a second
+    KVCache given the 16 positions at once). -> q, scale, k_all, v_all, steps, keys, values."""
     from mlx_lm.models.cache import KVCache
 
-    mx.random.seed(4)
-    shape = lambda h, t: (1, h, t, head_dim)  # noqa: E731
-    k_all = mx.random.normal(shape(kv_heads, context + ROWS)).astype(dtype)
-    v_all = mx.random.normal(shape(kv_heads, context + ROWS)).astype(dtype)
-    q = mx.random.normal((1, ROWS, heads, head_dim)).astype(dtype).transpose(0, 2, 1, 3)  # as mlx-lm lays it out
+    mx.random.seed(seed)
+    k_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
+    v_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
+    q = mx.random.normal((1, ROWS, heads, head_dim)).astype(dtype).transpose(0, 2, 1, 3)
     scale = head_dim ** -0.5
     step_cache, block_cache = KVCache(), KVCache()
     for c in (step_cache, block_cache):
@@ -211,9 +214,16 @@ def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtyp
         q_step = mx.contiguous(q.transpose(0, 2, 1, 3)[:, i : i + 1]).transpose(0, 2, 1, 3)
         steps.append(mx.fast.scaled_dot_product_attention(q_step, keys, values, scale=scale, mask=None))
         mx.eval(steps[-1])
-    steps = mx.concatenate(steps, axis=2).transpose(0, 2, 1, 3)
     keys, values = block_cache.update_and_fetch(k_all[:, :, context:], v_all[:, :, context:])
     mx.eval(keys, values)
+    return q, scale, k_all, v_all, mx.concatenate(steps, axis=2), keys, values
+
+
+def check_attention(heads: int, kv_heads: int, head_dim: int, context: int, dtype: mx.Dtype) -> dict[str, Any]:
+    from mlx_lm.models.cache import KVCache
+
+    q, scale, k_all, v_all, steps, keys, values = _attention_case(heads, kv_heads, head_dim, context, dtype, seed=4)
+    steps = steps.transpose(0, 2, 1, 3)
     fused = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal").transpose(0, 2, 1, 3)
     per_query = per_query_sdpa(lambda *a, **kw: mx.fast.scaled_dot_product_attention(
         a[0], a[1], a[2], scale=kw["scale"], mask=kw["mask"]))
@@ -236,29 +246,9 @@ def check_step_attention(heads: int, kv_heads: int, head_dim: int, context: int,
     MLX call per query, the step-attention kernel on every row (CUDA, head dims 64/96/128)
     and `step_attention` as routed (kernel where exact, MLX calls where the step is cuDNN's);
     times of one call and of 36 layers' calls in one graph."""
-    from mlx_lm.models.cache import KVCache
-
     from dflash_tui.engine import cuda_step_attention as sa
 
-    mx.random.seed(5)
-    k_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
-    v_all = mx.random.normal((1, kv_heads, context + ROWS, head_dim)).astype(dtype)
-    q = mx.random.normal((1, ROWS, heads, head_dim)).astype(dtype).transpose(0, 2, 1, 3)
-    scale = head_dim ** -0.5
-    step_cache, block_cache = KVCache(), KVCache()
-    for c in (step_cache, block_cache):
-        c.update_and_fetch(k_all[:, :, :context], v_all[:, :, :context])
-    mx.eval(step_cache.keys, block_cache.keys)
-    steps = []
-    for i in range(ROWS):
-        keys, values = step_cache.update_and_fetch(k_all[:, :, context + i : context + i + 1],
-                                                   v_all[:, :, context + i : context + i + 1])
-        q_step = mx.contiguous(q.transpose(0, 2, 1, 3)[:, i : i + 1]).transpose(0, 2, 1, 3)
-        steps.append(mx.fast.scaled_dot_product_attention(q_step, keys, values, scale=scale, mask=None))
-        mx.eval(steps[-1])
-    steps = mx.concatenate(steps, axis=2)
-    keys, values = block_cache.update_and_fetch(k_all[:, :, context:], v_all[:, :, context:])
-    mx.eval(keys, values)
+    q, scale, _, _, steps, keys, values = _attention_case(heads, kv_heads, head_dim, context, dtype, seed=5)
     row: dict[str, Any] = {"part": "step-attention", "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
                            "context": context, "cudnn_decoding": sa.cudnn_decoding(),
                            "step_kernels": sorted({sa.single_query_kernel(context + i + 1, head_dim)
