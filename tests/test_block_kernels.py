@@ -13,13 +13,12 @@ compiled with nvcc where it exists.
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 
 import mlx.core as mx
 import pytest
+import cuda_compile as cc
 from conftest import _build_pair, oracle_proposer, reference_tokens
+from cuda_compile import needs_nvcc
 from mlx_lm.models import gated_delta as mlx_gd
 
 from dflash_tui.engine import cuda_allq_attention as cqa
@@ -304,62 +303,27 @@ def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
 
 # -- the CUDA sources compile (where nvcc is) ------------------------------------------------
 
-_STUB = """
-#include <cooperative_groups.h>
-#include <cuda/std/array>
-namespace mlx { namespace core { namespace cu {
-using Shape = cuda::std::array<int32_t, 10>;
-using Strides = cuda::std::array<int64_t, 10>;
-}}}
-"""
-
-
-def _wrapped(source: str, inputs: list[tuple[str, str]], outputs: list[tuple[str, str]], consts: list[str]) -> str:
-    """The kernel as MLX's cuda_kernel wraps it: generated signature, template constants, body."""
-    args = []
-    for name, ctype in inputs:
-        args.append(f"const {ctype}* {name}")
-        for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
-            if re.search(rf"\b{name}{suffix}\b", source):
-                args.append(f"const __grid_constant__ {kind} {name}{suffix}")
-    args += [f"{ctype}* {name}" for name, ctype in outputs]
-    body = "\n".join(f"  {c};" for c in consts) + source
-    return (_STUB + ck._HEADER + "namespace mlx { namespace core { namespace cu {\n"
-            + f"__global__ void k({', '.join(args)}) {{\n{body}\n}}\n}}}}}}\n")
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("kernel", ["attention-128", "attention-256", "split-128", "split-256", "split-96", "combine",
-                                    "allq-128", "allq-256",
-                                    "gated-delta"])
-def test_kernel_sources_compile(tmp_path, kernel):
+@needs_nvcc
+def test_kernel_sources_compile(tmp_path):
     bf = "__nv_bfloat16"
+    qkv = [("q", bf), ("k", bf), ("v", bf)]
+    parts = [("part_o", "float"), ("part_ml", "float")]
     consts = [f"using T = {bf}", "constexpr int G = 4", "constexpr int WARPS = 4", "constexpr bool CAUSAL = true",
               f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}", "constexpr int CHUNK = 256"]
-    if kernel.startswith("split"):
-        src = _wrapped(ck._ATTENTION_SPLIT_SOURCE, [("q", bf), ("k", bf), ("v", bf)],
-                       [("part_o", "float"), ("part_ml", "float")], consts + [f"constexpr int D = {kernel.split('-')[1]}"])
-    elif kernel.startswith("allq"):  # what the engine instantiates: 16 queries, 4 heads per KV head
-        D = int(kernel.split("-")[1])
+    kernels = [cc.kernel(f"attention_{D}", ck._ATTENTION_SOURCE, qkv, [("out", bf)],
+                         [f"using T = {bf}", f"constexpr int D = {D}", "constexpr int G = 4", "constexpr int WARPS = 8",
+                          "constexpr bool CAUSAL = true", f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}"])
+               for D in (128, 256)]
+    kernels += [cc.kernel(f"split_{D}", ck._ATTENTION_SPLIT_SOURCE, qkv, parts, consts + [f"constexpr int D = {D}"])
+                for D in (96, 128, 256)]
+    kernels.append(cc.kernel("combine", ck._ATTENTION_COMBINE_SOURCE, parts, [("out", bf)], [f"using T = {bf}"]))
+    for D in (128, 256):  # what the engine instantiates: 16 queries, 4 heads per KV head
         tile = 16 if D == 256 else 32
         assert cqa.allq_fits(16 * 4, D, tile, 256)
-        src = _wrapped(cqa._ATTENTION_ALLQ_SOURCE, [("q", bf), ("k", bf), ("v", bf)],
-                       [("part_o", "float"), ("part_ml", "float")],
-                       consts + [f"constexpr int D = {D}", "constexpr int L = 16", f"constexpr int TK = {tile}"])
-    elif kernel == "combine":
-        src = _wrapped(ck._ATTENTION_COMBINE_SOURCE, [("part_o", "float"), ("part_ml", "float")], [("out", bf)],
-                       [f"using T = {bf}"])
-    elif kernel.startswith("attention"):
-        D = kernel.split("-")[1]
-        src = _wrapped(ck._ATTENTION_SOURCE, [("q", bf), ("k", bf), ("v", bf)], [("out", bf)],
-                       [f"using T = {bf}", f"constexpr int D = {D}", "constexpr int G = 4", "constexpr int WARPS = 8", "constexpr bool CAUSAL = true",
-                        f"constexpr int SCALE_BITS = {ck._float_bits(0.125)}"])
-    else:
-        src = _wrapped(gd._GATED_DELTA_SOURCE, [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf),
-                                                ("state", "float")], [("y", bf), ("states", "float")],
-                       ["constexpr int DK = 128", f"using YT = {bf}"])
-    path = tmp_path / "k.cu"
-    path.write_text(src)
-    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True, timeout=240)
+        kernels.append(cc.kernel(f"allq_{D}", cqa._ATTENTION_ALLQ_SOURCE, qkv, parts,
+                                 consts + [f"constexpr int D = {D}", "constexpr int L = 16", f"constexpr int TK = {tile}"]))
+    kernels.append(cc.kernel("gated_delta", gd._GATED_DELTA_SOURCE,
+                             [("q", bf), ("k", bf), ("v", bf), ("g", "float"), ("beta", bf), ("state", "float")],
+                             [("y", bf), ("states", "float")], ["constexpr int DK = 128", f"using YT = {bf}"]))
+    out = cc.nvcc(tmp_path, cc.translation_unit(ck._HEADER, kernels))
     assert out.returncode == 0, out.stderr[-2000:]

@@ -7,37 +7,30 @@ Bit-equality with MLX CUDA's one-row gemv can only be checked on the GPU
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
+import cuda_compile as cc
 import mlx.core as mx
 import pytest
+from cuda_compile import needs_nvcc
 
 from dflash_tui.engine import cuda_kernels as ck
 from dflash_tui.engine import cuda_rowwise as cr
-from test_block_kernels import _STUB
 
 
 def _kernels_source(ctype: str, m: int, npt: int) -> str:
-    """Every variant's kernel as MLX's cuda_kernel wraps it (signature, template constants, body)."""
-    out = _STUB + ck._HEADER + cr._ROWWISE_HEADER + "namespace mlx { namespace core { namespace cu {\n"
-    for name, v in cr.VARIANTS.items():
-        consts = [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
-                  f"constexpr int R = {v.features}", f"constexpr int G = {v.row_groups}", f"constexpr int W = {v.warps}",
-                  f"constexpr int S = {v.steps}"]
-        body = "\n".join(f"  {c};" for c in consts) + cr._ROWWISE_SOURCE
-        out += (f"__global__ void rowwise_{name}(const {ctype}* x, const {ctype}* w, "
-                f"const __grid_constant__ Shape w_shape, {ctype}* out) {{\n{body}\n}}\n")
-    return out + "}}}\n"
+    """Every variant's kernel in one translation unit."""
+    kernels = [cc.kernel(f"rowwise_{name}", cr._ROWWISE_SOURCE, [("x", ctype), ("w", ctype)], [("out", ctype)],
+                         [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
+                          f"constexpr int R = {v.features}", f"constexpr int G = {v.row_groups}",
+                          f"constexpr int W = {v.warps}", f"constexpr int S = {v.steps}"])
+               for name, v in cr.VARIANTS.items()]
+    return cc.translation_unit(ck._HEADER + cr._ROWWISE_HEADER, kernels)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 @pytest.mark.parametrize("ctype,m,npt", [("__nv_bfloat16", 16, 4), ("__half", 7, 2), ("float", 2, 1)])
 def test_every_variant_compiles(tmp_path, ctype, m, npt):
-    path = tmp_path / "rowwise.cu"
-    path.write_text(_kernels_source(ctype, m, npt))
-    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
-                         capture_output=True, text=True, timeout=240)
+    out = cc.nvcc(tmp_path, _kernels_source(ctype, m, npt))
     assert out.returncode == 0, out.stderr[-2000:]
 
 

@@ -5,13 +5,12 @@ qmv is checked on the device by `bench/batch_invariance --parts rowwise-quant`."
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
 
+import cuda_compile as cc
 import mlx.core as mx
 import numpy as np
 import pytest
+from cuda_compile import needs_nvcc
 
 from dflash_tui.engine import cuda_rowwise_quant as rq
 
@@ -91,35 +90,18 @@ def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size):
 
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
-_STUB = """
-#include <cstdint>
-#include <cuda/std/array>
-namespace mlx { namespace core { namespace cu {
-using Shape = cuda::std::array<int32_t, 10>;
-using Strides = cuda::std::array<int64_t, 10>;
-}}}
-"""
-
-
 def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, R, BITS, GS, DQ), each as MLX's cuda_kernel writes it: a plain
-    __global__ function (generated signature), the template values as local constants, the body."""
-    args = []
-    for name, kind in (("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)):
-        args.append(f"const {kind}* {name}")
-        for suffix, arr in (("_shape", "Shape"), ("_strides", "Strides")):
-            if re.search(rf"\b{name}{suffix}\b", rq._SOURCE):
-                args.append(f"const __grid_constant__ {arr} {name}{suffix}")
-    args.append(f"{ctype}* out")
-    kernels = []
-    for j, (m, mb, r, bits, gs, dq) in enumerate(instances):
-        consts = (f"  using T = {ctype};\n  constexpr int M = {m};\n  constexpr int MB = {mb};\n  constexpr int R = {r};\n"
-                  f"  constexpr int BITS = {bits};\n  constexpr int GS = {gs};\n  constexpr int DQ = {dq};\n")
-        kernels.append(f"__global__ void k{j}({', '.join(args)}) {{\n{consts}{rq._SOURCE}\n}}\n")
-    return _STUB + rq._RQ_HEADER + "namespace mlx { namespace core { namespace cu {\n" + "".join(kernels) + "}}}\n"
+    """One kernel per (M, MB, R, BITS, GS, DQ) in one translation unit."""
+    inputs = [("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)]
+    kernels = [cc.kernel(f"k{j}", rq._SOURCE, inputs, [("out", ctype)],
+                         [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int MB = {mb}",
+                          f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}",
+                          f"constexpr int DQ = {dq}"])
+               for j, (m, mb, r, bits, gs, dq) in enumerate(instances)]
+    return cc.translation_unit(rq._RQ_HEADER, kernels)
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 @pytest.mark.parametrize("ctype", ["__nv_bfloat16", "__half"])
 def test_every_instantiation_compiles(tmp_path, ctype):
     from dflash_tui.bench import batch_invariance as bi
@@ -129,10 +111,7 @@ def test_every_instantiation_compiles(tmp_path, ctype):
     # the shapes the bench measures, and rows that are not a multiple of the warp's slice
     instances += [(16, mb, r, bits, 64, 1) for mb, r in bi.RQ_SPLITS for bits in rq.BITS]
     instances.append((5, 4, 2, 4, 64, 1))
-    path = tmp_path / "k.cu"
-    path.write_text(_compilable(ctype, instances))
-    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")],
-                         check=False, capture_output=True, text=True, timeout=240)
+    out = cc.nvcc(tmp_path, _compilable(ctype, instances))
     assert out.returncode == 0, out.stderr[-3000:]
 
 

@@ -11,58 +11,31 @@ refused with one clear error.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 
+import cuda_compile as cc
 import mlx.core as mx
 import pytest
+from cuda_compile import needs_nvcc
 from mlx_lm.models.cache import KVCache
 
 from dflash_tui.engine import cuda_step_attention as sa
 
-_STUB = """
-#include <cooperative_groups.h>
-#include <cuda/std/array>
-namespace mlx { namespace core { namespace cu {
-using Shape = cuda::std::array<int32_t, 10>;
-using Strides = cuda::std::array<int64_t, 10>;
-}}}
-"""
-
-
-def _wrapped(name: str, source: str, inputs: list[tuple[str, str]], outputs: list[str], consts: list[str]) -> str:
-    """A kernel body as MLX's cuda_kernel wraps it: the generated signature (shape/stride
-    arguments for the names the body uses), the template constants as local constants."""
-    args = []
-    for arg, ctype in inputs:
-        args.append(f"const {ctype}* {arg}")
-        for suffix, kind in (("_shape", "Shape"), ("_strides", "Strides")):
-            if re.search(rf"\b{arg}{suffix}\b", source):
-                args.append(f"const __grid_constant__ {kind} {arg}{suffix}")
-    body = "".join(f"  {c};\n" for c in consts) + source
-    return f"__global__ void {name}({', '.join(args + outputs)}) {{\n{body}\n}}\n"
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@needs_nvcc
 def test_every_instantiation_compiles_and_fits_1024_threads(tmp_path):
     s1, s2 = sa._f32_bits(sa.one_pass_scale(128 ** -0.5)), sa._f32_bits(sa.two_pass_scale(128 ** -0.5))
     kernels = []
     for t in ("__nv_bfloat16", "__half"):
         for d in sa.VECTOR_HEAD_DIMS:
             for two in ("false", "true"):
-                kernels.append(_wrapped(f"pass1_{t}_{d}_{two}", sa._PASS1_SOURCE, [("q", t), ("k", t), ("v", t)],
-                                        [f"{t}* out", "float* part_o", "float* part_ms"],
+                kernels.append(cc.kernel(f"pass1_{t}_{d}_{two}", sa._PASS1_SOURCE, [("q", t), ("k", t), ("v", t)],
+                                         [("out", t), ("part_o", "float"), ("part_ms", "float")],
                                         [f"using T = {t}", f"constexpr int D = {d}", f"constexpr bool TWO_PASS = {two}",
                                          f"constexpr int SCALE_1PASS_BITS = {s1}",
                                          f"constexpr int SCALE_2PASS_BITS = {s2}"]))
-            kernels.append(_wrapped(f"pass2_{t}_{d}", sa._PASS2_SOURCE, [("first", t), ("k", t), ("part_o", "float"),
-                                                                        ("part_ms", "float")], [f"{t}* out"],
+            kernels.append(cc.kernel(f"pass2_{t}_{d}", sa._PASS2_SOURCE, [("first", t), ("k", t), ("part_o", "float"),
+                                                                         ("part_ms", "float")], [("out", t)],
                                     [f"using T = {t}", f"constexpr int D = {d}"]))
-    src = _STUB + sa._STEP_HEADER + "namespace mlx { namespace core { namespace cu {\n" + "".join(kernels) + "}}}\n"
-    path = tmp_path / "k.cu"
-    path.write_text(src)
-    out = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-c", str(path), "-o",
-                          str(tmp_path / "k.o")], capture_output=True, text=True, timeout=240)
+    out = cc.nvcc(tmp_path, cc.translation_unit(sa._STEP_HEADER, kernels), "-Xptxas", "-v")
     assert out.returncode == 0, out.stderr[-3000:]
     regs = [int(r) for r in re.findall(r"Used (\d+) registers", out.stderr)]
     assert len(regs) == len(kernels)
