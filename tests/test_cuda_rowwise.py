@@ -43,8 +43,7 @@ def test_every_variant_fits_a_block():
         assert v.warps % v.row_groups == 0 and v.warps * 32 <= 1024, name
         assert v.features * -(-cr.MAX_ROWS // v.row_groups) <= 128, name  # sums per lane the fold takes
         assert cr.shared_bytes(cr.MAX_ROWS, 128, 4, v) <= 227 * 1024, name
-    for m, n, k in ((16, 1024, 2560), (16, 4096, 2560), (4, 151936, 2560), (2, 2560, 9728)):
-        assert cr.pick_variant(m, n, k) in cr.VARIANTS
+    assert cr.DEFAULT_VARIANT in cr.VARIANTS
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])

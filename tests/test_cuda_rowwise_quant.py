@@ -56,14 +56,12 @@ def test_numpy_qmv_replay_computes_the_quantized_product(bits, group_size):
     x, wq, scales, biases = _quantized(48, 1024 + 3 * group_size, mx.bfloat16, group_size, bits, rows=3)
     w = np.array(mx.dequantize(wq, scales, biases, group_size, bits).astype(mx.float32), dtype=np.float64)
     want = np.array(x.astype(mx.float32), dtype=np.float64) @ w.T  # the exact product
-    for dequant in ("fma", "mul-add"):
-        got = qmv_order.qmv_rows(x, wq, scales, biases, group_size, bits, dequant=dequant)
-        assert got.shape == (3, 48)
-        # rounded in bf16 along the way: close, not equal
-        assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
-        assert np.array_equal(got, qmv_order.round_bf16(got))  # every value is a bf16 value
-    # only the first features when asked
     full = qmv_order.qmv_rows(x, wq, scales, biases, group_size, bits)
+    assert full.shape == (3, 48)
+    # rounded in bf16 along the way: close, not equal
+    assert np.abs(full - want).max() <= 0.02 * np.abs(want).max()
+    assert np.array_equal(full, qmv_order.round_bf16(full))  # every value is a bf16 value
+    # only the first features when asked
     assert np.array_equal(qmv_order.qmv_rows(x, wq, scales, biases, group_size, bits, features=5), full[:, :5])
 
 
@@ -90,14 +88,13 @@ def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size):
 
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
-def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, R, BITS, GS, DQ) in one translation unit."""
+def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> str:
+    """One kernel per (M, MB, R, BITS, GS) in one translation unit."""
     inputs = [("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)]
     kernels = [cc.kernel(f"k{j}", rq._SOURCE, inputs, [("out", ctype)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int MB = {mb}",
-                          f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}",
-                          f"constexpr int DQ = {dq}"])
-               for j, (m, mb, r, bits, gs, dq) in enumerate(instances)]
+                          f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"])
+               for j, (m, mb, r, bits, gs) in enumerate(instances)]
     return cc.translation_unit(rq._RQ_HEADER, kernels)
 
 
@@ -106,11 +103,10 @@ def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int, int]]
 def test_every_instantiation_compiles(tmp_path, ctype):
     from dflash_tui.bench import batch_invariance as bi
 
-    instances = [(16, rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP, bits, gs, dq) for bits in rq.BITS
-                 for gs in rq.GROUP_SIZES for dq in rq.DEQUANT_VARIANTS.values()]
+    instances = [(16, rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP, bits, gs) for bits in rq.BITS for gs in rq.GROUP_SIZES]
     # the shapes the bench measures, and rows that are not a multiple of the warp's slice
-    instances += [(16, mb, r, bits, 64, 1) for mb, r in bi.RQ_SPLITS for bits in rq.BITS]
-    instances.append((5, 4, 2, 4, 64, 1))
+    instances += [(16, mb, r, bits, 64) for mb, r in bi.RQ_SPLITS for bits in rq.BITS]
+    instances.append((5, 4, 2, 4, 64))
     out = cc.nvcc(tmp_path, _compilable(ctype, instances))
     assert out.returncode == 0, out.stderr[-3000:]
 

@@ -168,18 +168,16 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
 
     one = paths["qmv16"](x)
     mx.eval(one)
-    variants = {f"rowwise_{name}": (lambda a, d=name: rowwise(a, dequant=d)) for name in rq.DEQUANT_VARIANTS}
-    variants.update({f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
-                     for mb, r in RQ_SPLITS})
+    variants = {f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
+                for mb, r in RQ_SPLITS}
     for name, fn in {**paths, **variants}.items():
         if name != "qmv16":
             case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])
             case(f"{name}_max_diff", lambda f=fn: _rows_equal(f(x), one)[1])
         case(f"{name}_ms", lambda f=fn: _timed(lambda: f(x)))
     # MLX's qmv against a NumPy replay of the order the kernel follows (first 256 features)
-    for name in ("fma", "mul-add"):
-        case(f"numpy_qmv_{name}_equal_rows", lambda d=name: _rows_equal(mx.array(qmv_order.qmv_rows(
-            x, *packed, group_size, bits, 256, d).astype("float32")).astype(dtype), one[:, :256])[0])
+    case("numpy_qmv_equal_rows", lambda: _rows_equal(mx.array(qmv_order.qmv_rows(
+        x, *packed, group_size, bits, 256).astype("float32")).astype(dtype), one[:, :256])[0])
     # distinct weight copies (at most ~2 GB of them: fewer for the head), as a model's layers are
     copies = [packed]
     for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):

@@ -30,17 +30,17 @@ def unpack(wq: mx.array, bits: int) -> np.ndarray:
 
 
 def qmv_rows(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int,
-             features: int = 0, dequant: str = "fma") -> np.ndarray:
+             features: int = 0) -> np.ndarray:
     """Each row of x [M, K] (bf16) as MLX CUDA's qmv computes it alone, for the first
-    `features` outputs (all when 0): float64 array [M, F] of bf16 values. `dequant` is how
-    q * scale + bias rounds: "fma" once, "mul-add" after the product and after the sum."""
+    `features` outputs (all when 0): float64 array [M, F] of bf16 values. q * scale + bias
+    rounds once (a fused multiply-add, as MLX's build computes it)."""
     n = wq.shape[0] if not features else min(features, wq.shape[0])
     k = x.shape[-1]
     xs = np.array(x.astype(mx.float32), dtype=np.float64).reshape(-1, k)
     q = unpack(wq[:n], bits)
     s = np.repeat(np.array(scales[:n].astype(mx.float32), dtype=np.float64), group_size, axis=1)
     b = np.repeat(np.array(biases[:n].astype(mx.float32), dtype=np.float64), group_size, axis=1)
-    w = round_bf16(q * s + b) if dequant == "fma" else round_bf16(round_bf16(q * s) + b)
+    w = round_bf16(q * s + b)
     e = 16 if bits == 4 else 8  # qmv's elems_per_thread
     # qmv's residue tile (lanes whose tile starts below K) is the next tile of the same sequence,
     # and a lane past K adds nothing: zero padding to whole tiles computes the same

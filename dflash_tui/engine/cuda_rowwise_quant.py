@@ -50,8 +50,6 @@ from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
 MAX_ROWS = 16
 GROUP_SIZES = (32, 64)
 BITS = (4, 8)
-DEQUANT_VARIANTS = {"mlx-ops": 0, "fma": 1, "mul-add": 2}  # how q * s + b rounds: see DQ below
-DEFAULT_DEQUANT = "fma"  # what nvcc 13's ptxas makes of MLX's `q * s + b`
 ROWS_PER_WARP = 4  # MB; neither it nor the next two change any row's order
 FEATURES_PER_WARP = 2  # R
 WARPS = 4  # per block
@@ -119,18 +117,15 @@ __device__ __forceinline__ float rq_lane_sum(const T2* acc) {
   return sum;
 }
 
-// q * s + b in T, per element: DQ 0 as MLX writes it (__hmul then __hadd, which the compiler
-// may fuse), 1 one fused rounding (what MLX's build does on sm_90), 2 two roundings. The pair
-// forms round each half as the scalar forms do.
-template <int DQ, typename T2>
+// q * s + b in T, one fused rounding per element: what MLX's build makes of its __hmul then
+// __hadd on sm_90 (on the H200, the two-rounding form gave 0 of 16 rows equal, this one 16).
+template <typename T2>
 __device__ __forceinline__ T2 rq_dequant(T2 q, T2 s, T2 b) {
-  if constexpr (DQ == 0) return __hadd2(__hmul2(q, s), b);
-  else if constexpr (DQ == 1) return __hfma2(q, s, b);
-  else return __hadd2_rn(__hmul2_rn(q, s), b);
+  return __hfma2(q, s, b);
 }
 
 // A lane's tile of one feature: E values (64 bits, two words), dequantized in pairs.
-template <int BITS, int DQ, typename T, typename T2, int P>
+template <int BITS, typename T, typename T2, int P>
 __device__ __forceinline__ void rq_dequant_tile(uint2 q, T s, T b, T2 (&wd)[P]) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr unsigned MASK = (1u << BITS) - 1u;
@@ -142,14 +137,14 @@ __device__ __forceinline__ void rq_dequant_tile(uint2 q, T s, T b, T2 (&wd)[P]) 
     const unsigned word = i < PER_WORD ? q.x : q.y;
     T2 qv;
     rq_uint_pair<BITS>((word >> ((i % PER_WORD) * BITS)) & MASK, (word >> (((i + 1) % PER_WORD) * BITS)) & MASK, qv);
-    wd[p] = rq_dequant<DQ>(qv, s2, b2);
+    wd[p] = rq_dequant(qv, s2, b2);
   }
 }
 """
 
 # Inputs: x [M, K] (T), w [N, K*BITS/32] (uint32, MLX's packing: value j of a word at bits
 # j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB (rows per warp), R (features per warp),
-# BITS, GS, DQ. A warp dequantizes a tile of R features once for its MB rows and loads each x
+# BITS, GS. A warp dequantizes a tile of R features once for its MB rows and loads each x
 # tile once for its R features; every (feature, row) keeps qmv's own chain of operations.
 _SOURCE = """
   constexpr int E = BITS == 4 ? 16 : 8;  // qmv's elems_per_thread for a 16-bit T
@@ -188,7 +183,7 @@ _SOURCE = """
     for (int r = 0; r < R; r++) {
       // E values = 64 bits for both widths
       const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + idx / PER_WORD);
-      rq_dequant_tile<BITS, DQ>(q, srow[r][idx / GS], brow[r][idx / GS], wd[r]);
+      rq_dequant_tile<BITS>(q, srow[r][idx / GS], brow[r][idx / GS], wd[r]);
     }
 #pragma unroll
     for (int mm = 0; mm < MB; mm++) {
@@ -229,7 +224,7 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
                              group_size: int = 64, bits: int = 4, *, rows_per_warp: int = 0,
-                             features_per_warp: int = 0, dequant: str = DEFAULT_DEQUANT) -> mx.array | None:
+                             features_per_warp: int = 0) -> mx.array | None:
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
     one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path."""
@@ -247,8 +242,7 @@ def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases
     mb = min(rows_per_warp or ROWS_PER_WARP, rows)
     r = features_per_warp or FEATURES_PER_WARP
     out = _kernel(inputs=[x.reshape(rows, k), wq, scales, biases],
-                  template=[("T", x.dtype), ("M", rows), ("MB", mb), ("R", r), ("BITS", bits), ("GS", group_size),
-                            ("DQ", DEQUANT_VARIANTS[dequant])],
+                  template=[("T", x.dtype), ("M", rows), ("MB", mb), ("R", r), ("BITS", bits), ("GS", group_size)],
                   grid=(-(-n // (WARPS * r)) * 32 * WARPS, -(-rows // mb), 1), threadgroup=(32 * WARPS, 1, 1),
                   output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
     return out.reshape(*x.shape[:-1], n)
