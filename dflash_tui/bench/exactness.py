@@ -104,6 +104,7 @@ def summary(rows: list[Comparison]) -> dict[str, dict[str, Any]]:
 def main(argv: Optional[list[str]] = None) -> int:
     import mlx_lm
 
+    from dflash_tui.bench.cycle_cost import SHAPES
     from dflash_tui.commands.bench import read_prompts
     from dflash_tui.commands.common import _block_size, add_model_arguments, resolve_pair
 
@@ -113,7 +114,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prompt", default=None)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--block-size", type=_block_size, nargs="+", default=[16])
-    p.add_argument("--shape", nargs="+", default=None, help="random-weight pairs of these shapes (cycle_cost's)")
+    p.add_argument("--shape", nargs="+", default=None, choices=sorted(SHAPES),
+                   help="random-weight pairs of these shapes (cycle_cost's)")
     p.add_argument("--random-prompts", type=int, default=4, help="with --shape: prompts per shape")
     p.add_argument("--prompt-tokens", type=int, default=64, help="with --shape: tokens per prompt")
     p.add_argument("--json", action="store_true")
