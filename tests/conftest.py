@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import pytest
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
+def pytest_sessionstart(session):
+    # a run ended with SIGTERM (a CI or `timeout` limit) takes Ctrl+C's path: finally blocks and
+    # fixture teardowns still run, so the servers and rank launchers tests start in sessions of
+    # their own end with it instead of outliving it
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @pytest.fixture(autouse=True)
