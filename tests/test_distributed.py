@@ -169,3 +169,33 @@ def test_distributed_outside_mlx_launch_is_one_line():
     assert proc.returncode != 0
     assert our_lines(proc.stderr) == [line for line in proc.stderr.splitlines() if line.strip()]
     assert "mlx.launch" in proc.stderr
+
+
+FOLLOWER = """
+import os, signal, sys, threading
+from dflash_tui.engine.distributed import Ranks
+from dflash_tui.errors import UserError
+
+class Group:  # rank 1 of 2: what Ranks reads of an mx.distributed group
+    def rank(self): return 1
+    def size(self): return 2
+
+ranks = Ranks(Group())
+ranks.stop_on_sigterm()
+if sys.argv[1] == "launcher-ends-it":  # rank 0 met the same failure, exited; mlx.launch sends SIGTERM
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+ranks.follower_failed(UserError("the model has no weights"), grace_s=float(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("case, grace, says", [("launcher-ends-it", 30, []),
+                                                ("alone", 0.3, ["dflash-tui: rank 1: the model has no weights"])])
+def test_a_failed_follower_leaves_rank_0_the_report_or_says_it_itself(case, grace, says):
+    """A follower's failure waits for mlx.launch's SIGTERM (rank 0 exited reporting it: silent);
+    a failure of that rank alone is its own one line after the grace."""
+    tic = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", FOLLOWER, case, str(grace)], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.returncode == 1, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == says
+    assert time.monotonic() - tic < 20  # the SIGTERM ended the wait, not the 30-s grace

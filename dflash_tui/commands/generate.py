@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         ranks.failed = True
         if ranks.is_leader:
             raise
-        raise SystemExit(exc.exit_code) from None  # a follower prints nothing: rank 0 says what went wrong
+        ranks.follower_failed(exc)  # rank 0 says what went wrong
 
 
 def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:

@@ -1,7 +1,8 @@
 """`serve --distributed` on a rank other than 0: no HTTP, the same engine loop run headless
 for every request rank 0 hands over (engine/rank_channel.py), until rank 0 shuts down.
 
-A follower prints nothing: rank 0 reports what went wrong. It never waits forever: a
+A follower prints nothing: rank 0 reports what went wrong (a failure of this rank alone
+is reported by it, `Ranks.follower_failed`). It never waits forever: a
 rank 0 that dies fails the next collective, one that hangs stops the heartbeats and the
 watchdog ends this process.
 """
@@ -28,6 +29,5 @@ def follow_rank_0(args: argparse.Namespace, ranks: Ranks) -> int:
         conversation.ranks = ranks
         follow(conversation, Channel(ranks))
     except UserError as exc:
-        ranks.failed = True
-        raise SystemExit(exc.exit_code) from None
+        ranks.follower_failed(exc)
     return 0

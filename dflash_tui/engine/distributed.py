@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import mlx.core as mx
 
@@ -35,6 +35,7 @@ from dflash_tui.errors import UserError
 
 KINDS = ("tensor", "pipeline")  # mlx-lm's Model.shard() / Model.model.pipeline()
 DIGEST_MOD = 1_000_003  # keeps digest * ranks inside int32
+REPORT_GRACE_S = 20.0  # how long a failed follower leaves rank 0 to report the same failure
 
 
 class DistributedError(UserError):
@@ -71,6 +72,7 @@ class Ranks:
     failed: bool = False  # set once this rank reports (or is stopped by) a failure
     broken: Optional[str] = None  # why the ranks can no longer run in step (a failed collective mid-turn)
     stop_agreed: bool = False  # rank 0 asked to stop, as of the last agreement check
+    terminated: bool = False  # mlx.launch sent SIGTERM (another rank exited with an error)
     _leader_stop: Callable[[], bool] = field(default=lambda: False, repr=False)
     _watchdog: Optional["Watchdog"] = field(default=None, repr=False)
 
@@ -166,11 +168,26 @@ class Ranks:
 
         def handler(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self.terminated = True
             if not self.failed:  # a rank already on its way out with its own line says nothing more
                 self.failed = True
                 raise DistributedError("stopped by mlx.launch: another rank exited (killed, or failed first)")
 
         signal.signal(signal.SIGTERM, handler)
+
+    def follower_failed(self, exc: UserError, grace_s: float = REPORT_GRACE_S) -> NoReturn:
+        """Leave after this follower's own failure, the line said once. The ranks run the same
+        code on the same files, so rank 0 mostly meets the same failure and reports it; exiting at
+        once would make mlx.launch stop rank 0 before it got there, leaving only "another rank
+        exited". So wait for mlx.launch's SIGTERM (rank 0 has exited) and leave silently; a failure
+        of this rank alone (rank 0 got past it) is this rank's to report, after `grace_s`."""
+        self.failed = True
+        deadline = time.monotonic() + grace_s
+        while not self.terminated and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.terminated:
+            print(f"dflash-tui: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(exc.exit_code)
 
     # -- watchdog ------------------------------------------------------------
     def start_watchdog(self, out: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> None:
