@@ -62,11 +62,17 @@ def test_exactness_counts_identical_replies_and_where_they_differ(qwen3_dirs, tm
     prompts = tmp_path / "p.txt"
     prompts.write_text("first request\nsecond request\n")
     assert exactness.main(["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--prompts",
-                           str(prompts), "--max-tokens", "24", "--block-size", "4", "auto", "--json"]) == 0
+                           str(prompts), "--max-tokens", "24", "--block-size", "4", "auto", "--verify", "steps",
+                           "batched", "--reference-twice", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    # on MLX's CPU backend the engine runs mlx-lm's own kernels: every reply is identical
-    assert report["summary"] == {b: {"identical": 2, "prompts": 2, "first_differences": []} for b in ("4", "auto")}
-    assert [(r["prompt"], r["block_size"]) for r in report["rows"]] == [(0, 4), (0, "auto"), (1, 4), (1, "auto")]
+    # on MLX's CPU backend the engine runs mlx-lm's own kernels: every reply is identical, either way
+    assert report["step_rows"] is False  # nothing to change on the CPU
+    assert report["summary"] == {f"{v} {b}": {"identical": 2, "prompts": 2, "first_differences": []}
+                                 for v, b in [("vanilla again", "-")] + [(v, b) for v in ("steps", "batched")
+                                                                          for b in ("4", "auto")]}
+    assert [(r["prompt"], r["verify"], r["block_size"]) for r in report["rows"]] == [
+        (p, v, b) for p in (0, 1) for v, b in [("vanilla again", "-")] + [(v, b) for v in ("steps", "batched")
+                                                                           for b in (4, "auto")]]
     assert all(r["tokens"] == 24 for r in report["rows"])
     # and where two token lists part, it says at which token
     assert exactness.first_difference([1, 2, 3], [1, 2, 4]) == 2
@@ -182,5 +188,5 @@ def test_exactness_on_random_shape_pairs_equals_a_second_instance_on_cpu(capsys)
     summary = json.loads(capsys.readouterr().out)["summary"]
     assert set(summary) == {"tiny", "tiny-hybrid"}
     for per_block in summary.values():
-        assert set(per_block) == {"4", "auto"}
+        assert set(per_block) == {"batched 4", "batched auto"}
         assert all(s["identical"] == s["prompts"] == 2 for s in per_block.values()), per_block

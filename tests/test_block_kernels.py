@@ -287,15 +287,24 @@ def test_cycle_cost_compares_setups_side_by_side(capsys, monkeypatch):
 
     from dflash_tui.bench import cycle_cost
 
+    from dflash_tui.engine import step_rows
+
     monkeypatch.setenv("DFLASH_TUI_KERNELS", "1")  # the engine's choice on a GPU: the kernels (references here)
+    # and verify rows as decode steps where asked (MLX's own per-row calls here), as on MLX CUDA
+    monkeypatch.setattr(step_rows, "wanted", lambda: os.environ.get("DFLASH_TUI_KERNELS") != "0")
 
     assert cycle_cost.main(["--shape", "tiny", "--block-size", "4", "--tokens", "12", "--prompt", "16",
-                            "--setups", "engine", "mlx-ops", "--repeat", "2", "--json"]) == 0
+                            "--setups", "engine", "step-rows", "mlx-ops", "--repeat", "2", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [r["setup"] for r in report["rows"]] == ["engine", "mlx-ops"] * 2
-    assert all(r["attention"] == "kernel" and r["kernels"] for r in report["rows"] if r["setup"] == "engine")
-    assert all(r["attention"] == "fused" and not r["kernels"] for r in report["rows"] if r["setup"] == "mlx-ops")
-    assert set(report["steps_per_cycle"]) == {"tiny ctx16 engine b4", "tiny ctx16 mlx-ops b4"}
+    assert [r["setup"] for r in report["rows"]] == ["engine", "step-rows", "mlx-ops"] * 2
+    assert all(r["attention"] == "kernel" and r["kernels"] and not r["step_rows"]
+               for r in report["rows"] if r["setup"] == "engine")
+    assert all(r["attention"] == "kernel" and r["kernels"] and r["step_rows"]
+               for r in report["rows"] if r["setup"] == "step-rows")
+    assert all(r["attention"] == "fused" and not r["kernels"] and not r["step_rows"]
+               for r in report["rows"] if r["setup"] == "mlx-ops")
+    assert set(report["steps_per_cycle"]) == {"tiny ctx16 engine b4", "tiny ctx16 step-rows b4",
+                                              "tiny ctx16 mlx-ops b4"}
     assert all(v["n"] == 2 and v["median"] > 0 for v in report["steps_per_cycle"].values())
     # the setups' switch is process-wide: the run gives it back as it found it
     assert os.environ["DFLASH_TUI_KERNELS"] == "1"

@@ -149,10 +149,13 @@ def random_prompt(vocab: int, length: int) -> list[int]:
 
 
 # Engine setups to compare side by side (--setups): "engine" is whatever the engine chooses on
-# this device; "mlx-ops" is the engine with its CUDA kernels off (DFLASH_TUI_KERNELS=0): MLX's
-# own fused attention and mlx-lm's Gated DeltaNet ops, as a plain mlx-lm forward runs them.
+# this device; "step-rows" the same with each verify row computed as the decode step at its
+# position (engine/step_rows.py; MLX CUDA only, elsewhere it is "engine"); "mlx-ops" is the
+# engine with its CUDA kernels off (DFLASH_TUI_KERNELS=0): MLX's own fused attention and
+# mlx-lm's Gated DeltaNet ops, as a plain mlx-lm forward runs them.
 SETUPS: dict[str, dict[str, str]] = {
     "engine": {},
+    "step-rows": {},
     "mlx-ops": {"DFLASH_TUI_KERNELS": "0"},
 }
 
@@ -163,9 +166,10 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
         os.environ[key] = value
     mode = default_attention_mode()
     target.use_attention(mode)
+    target.use_step_rows(name == "step-rows")
     draft.set_attention_mode(mode)
     return {"setup": name, "attention": target.attention_mode, "flush_every": target.flush_every,
-            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted()}
+            "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "step_rows": target.step_rows}
 
 
 def _print_row(r: dict[str, Any]) -> None:

@@ -15,6 +15,10 @@ shape instead, on `--random-prompts` prompts of `--prompt-tokens` random ids; th
 reference is a second, equal instance of the same random target.
 
     python -m dflash_tui.bench.exactness --shape qwen3-4b qwen3-8b-4bit --random-prompts 4 --block-size 4 8 16 auto
+
+`--verify batched steps` counts both ways of computing a verify in one run: its rows
+together (MLX's many-row kernels, the engine's way) and as the decode steps compute them
+(engine/step_rows.py; on MLX CUDA only, elsewhere the two are the same).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from dflash_tui.engine.loading import Pair, load_pair
 
 @dataclass
 class Comparison:
+    verify: str  # "steps" or "batched"
     prompt: int
-    block_size: Union[int, str]
+    block_size: Union[int, str]  # "-" for the reference run again
     tokens: int  # the reference's length
     identical: bool
     first_difference: Optional[int]  # index of the first differing token, None when identical
@@ -60,24 +65,33 @@ def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: in
 
 
 def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_tokens: int,
-            block_sizes: list[Union[int, str]]) -> list[Comparison]:
+            block_sizes: list[Union[int, str]], verifies: tuple[str, ...] = ("batched",),
+            reference_twice: bool = False) -> list[Comparison]:
     conv = Conversation(pair)
     rows = []
+    before = pair.target.step_rows
     for i, prompt in enumerate(prompts):
         ref = vanilla_tokens(*vanilla, prompt, max_tokens)
-        for b in block_sizes:
-            conv.state.reset()
-            events = list(conv.generate_tokens(prompt, GenerationSettings(max_tokens=max_tokens, block_size=b)))
-            done = events[-1]
-            if done.type != "done":
-                raise RuntimeError(getattr(done, "message", "generation failed"))
-            diff = first_difference(ref, done.tokens)
-            rows.append(Comparison(i, b, len(ref), diff is None, diff))
+        if reference_twice:  # is the reference itself a function of its input on this device?
+            again = first_difference(ref, vanilla_tokens(*vanilla, prompt, max_tokens))
+            rows.append(Comparison("vanilla again", i, "-", len(ref), again is None, again))
+        for verify in verifies:
+            pair.target.use_step_rows(verify == "steps")
+            for b in block_sizes:
+                conv.state.reset()
+                events = list(conv.generate_tokens(prompt, GenerationSettings(max_tokens=max_tokens, block_size=b)))
+                done = events[-1]
+                if done.type != "done":
+                    raise RuntimeError(getattr(done, "message", "generation failed"))
+                diff = first_difference(ref, done.tokens)
+                rows.append(Comparison(verify, i, b, len(ref), diff is None, diff))
+    pair.target.use_step_rows(before)
     return rows
 
 
 def random_shape_rows(shape: str, count: int, prompt_tokens: int, max_tokens: int,
-                      block_sizes: list[Union[int, str]], dtype: mx.Dtype) -> list[Comparison]:
+                      block_sizes: list[Union[int, str]], dtype: mx.Dtype,
+                      verifies: tuple[str, ...] = ("batched",), reference_twice: bool = False) -> list[Comparison]:
     """`compare` on a random-weight pair of `shape` against a second, equal instance of its target."""
     from dflash_tui.bench.cycle_cost import build, random_prompt, target_model
     from dflash_tui.bench.references import tokenizer_for
@@ -87,13 +101,14 @@ def random_shape_rows(shape: str, count: int, prompt_tokens: int, max_tokens: in
     vanilla = target_model(shape, dtype)[0]
     mx.random.seed(7)
     prompts = [random_prompt(target.vocab_size, prompt_tokens) for _ in range(count)]
-    return compare(Pair(target, draft, shape, shape), (vanilla, target.tokenizer), prompts, max_tokens, block_sizes)
+    return compare(Pair(target, draft, shape, shape), (vanilla, target.tokenizer), prompts, max_tokens, block_sizes,
+                   verifies, reference_twice)
 
 
 def summary(rows: list[Comparison]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for r in rows:
-        s = out.setdefault(str(r.block_size), {"identical": 0, "prompts": 0, "first_differences": []})
+        s = out.setdefault(f"{r.verify} {r.block_size}", {"identical": 0, "prompts": 0, "first_differences": []})
         s["prompts"] += 1
         s["identical"] += r.identical
         if not r.identical:
@@ -118,11 +133,17 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="random-weight pairs of these shapes (cycle_cost's)")
     p.add_argument("--random-prompts", type=int, default=4, help="with --shape: prompts per shape")
     p.add_argument("--prompt-tokens", type=int, default=64, help="with --shape: tokens per prompt")
+    p.add_argument("--verify", nargs="+", choices=["batched", "steps"], default=["batched"],
+                   help="a verify's rows together (the engine's way) and/or as decode steps (MLX CUDA)")
+    p.add_argument("--reference-twice", action="store_true",
+                   help="also run vanilla mlx-lm a second time on each prompt: is the reference repeatable?")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.shape:
         reports = {shape: summary(random_shape_rows(shape, args.random_prompts, args.prompt_tokens, args.max_tokens,
-                                                    args.block_size, mx.bfloat16)) for shape in args.shape}
+                                                    args.block_size, mx.bfloat16, tuple(args.verify),
+                                                    args.reference_twice))
+                   for shape in args.shape}
         print(json.dumps({"device": str(mx.default_device()), "max_tokens": args.max_tokens, "summary": reports},
                          indent=2))
         return 0
@@ -133,14 +154,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
                                             enable_thinking=False)) for t in texts]
-    rows = compare(pair, vanilla, prompts, args.max_tokens, args.block_size)
+    rows = compare(pair, vanilla, prompts, args.max_tokens, args.block_size, tuple(args.verify),
+                   args.reference_twice)
     report = {"device": str(mx.default_device()), "dtype": str(pair.target.dtype), "attention": pair.target.attention_mode,
+              "step_rows": pair.target.step_rows,
               "max_tokens": args.max_tokens, "summary": summary(rows), "rows": [asdict(r) for r in rows]}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         for b, s in report["summary"].items():
-            print(f"block {b}: {s['identical']}/{s['prompts']} identical; first differences at {s['first_differences']}")
+            print(f"{b}: {s['identical']}/{s['prompts']} identical; first differences at {s['first_differences']}")
     return 0
 
 

@@ -102,6 +102,7 @@ class HybridTarget(Target):
 
     # -- rollback ------------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
+        super().begin_verify(cache)
         if self.unsupported:
             return  # rollback will refuse a partial accept
         for i in self.linear_ids:

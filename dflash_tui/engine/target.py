@@ -16,6 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from dflash_tui.engine import step_rows
+from dflash_tui.engine.cuda_step_attention import MAX_ROWS as STEP_ATTENTION_ROWS
+from dflash_tui.engine.cuda_step_attention import step_attention
 from dflash_tui.engine.draft import ATTENTION_MODES, default_attention_mode, multi_query_attention
 from dflash_tui.engine.window_cache import WindowKVCache
 
@@ -33,18 +36,25 @@ def default_flush_every(num_layers: int) -> int:
     """Layers per pipelined group: two groups per forward (more measured slower on MLX CUDA,
     where each evaluation launches its own graph)."""
     return -(-num_layers // 2) if pipelining_wanted() and num_layers >= 8 else 0
+
+
 _sdpa_classes: dict[tuple[type, str], Optional[type]] = {}
 
 
 def _verify_sdpa(original, mode: str):
-    """mlx-lm's `scaled_dot_product_attention`, with multi-query causal calls run in `mode`."""
+    """mlx-lm's `scaled_dot_product_attention`, with a verify's multi-query causal calls run in
+    `mode`, or as decode steps (step_rows.py); every other call is mlx-lm's own."""
 
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if isinstance(cache, WindowKVCache) and cache.step_rows is not None:  # a verify over a sliding window
             return cache.step_rows_attention(
                 lambda q, k, v, **kw: original(q, k, v, cache=cache, **kw), queries, scale, sinks)
-        if queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") or not (mask is None or mask == "causal"):
+        if not step_rows.in_verify() or queries.shape[2] == 1 or sinks is not None or hasattr(cache, "bits") \
+                or not (mask is None or mask == "causal"):
+            # prefill chunks and steps are mlx-lm's own: a kernel's rounding there would change the cache
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        if step_rows.active() and queries.shape[2] <= STEP_ATTENTION_ROWS and queries.shape[0] == 1:
+            return step_attention(queries, keys, values, scale)  # each row as the decode step at its position
         out = multi_query_attention(mode, queries, keys, values, scale, causal=mask == "causal")
         if out is None:
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -113,9 +123,21 @@ class Target:
         self.attention_mode = "fused"
         # sliding-window layers (gpt-oss, Gemma 4): a verify's rows attend as one-token steps (window_cache.py)
         self.windowed = any(WindowKVCache.replaces(c) for c in make_prompt_cache(model))
+        # a verify's rows computed as decode steps (step_rows.py): off until it makes a GPU run exact
+        # at the issue's price; bench/exactness and bench/cycle_cost turn it on to measure it
+        self.step_rows = False
+        self._verify_next = False  # the next forward is a verify (begin_verify)
         mode = default_attention_mode()
         if mode != "fused" or self.windowed:
             self.use_attention(mode)
+
+    def use_step_rows(self, on: bool) -> bool:
+        """Compute each verify's rows as the decode steps at their positions compute them, where
+        they would differ otherwise (MLX CUDA, step_rows.py); returns whether they now are."""
+        self.step_rows = on and step_rows.wanted() and step_rows.install(self.lm) > 0
+        if self.step_rows:
+            self.use_attention(self.attention_mode)  # the attention modules must see the verify too
+        return self.step_rows
 
     def use_attention(self, mode: str) -> int:
         """Run this model's multi-query attention in `mode` (one of ATTENTION_MODES; per
@@ -129,7 +151,7 @@ class Target:
             if attn is None:
                 continue
             base = getattr(type(attn), "_dflash_base", type(attn))
-            cls = base if mode == "fused" and not self.windowed else _sdpa_class(base, mode)
+            cls = base if mode == "fused" and not (self.windowed or self.step_rows) else _sdpa_class(base, mode)
             if cls is not None:
                 attn.__class__ = cls
                 n += cls is not base
@@ -208,7 +230,7 @@ class Target:
         (mlx-lm builds it only for an untied head; gpt-oss always), else the tied embedding,
         gathered over the ranks where mlx-lm's `shard()` split it over the vocabulary, then the final logit soft-capping where the model has it (Gemma)."""
         lm_head = getattr(self.lm, "lm_head", None)
-        logits = lm_head(h) if lm_head is not None else self.backbone.embed_tokens.as_linear(h)
+        logits = lm_head(h) if lm_head is not None else step_rows.as_linear(self.backbone.embed_tokens, h)
         group = getattr(self.lm, "sharding_group", None)
         if lm_head is not None and group is not None:  # mlx-lm's tensor parallel splits the head over the vocab
             from mlx_lm.models.base import gather_last_axis
@@ -225,18 +247,20 @@ class Target:
     def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
         """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
         sink: list[mx.array] = []
+        verify, self._verify_next = self._verify_next, False
         self._arm(sink, flush=tokens.shape[1] <= PIPELINE_TOKENS)
-        try:
-            h = self.backbone(tokens, cache)
-        finally:
-            self._arm(None)
-        if self.pipelined and self.capture_ids:
-            feats = self._gather_stages(sink, h)
-        else:
-            feats = mx.concatenate(sink, axis=-1) if sink else None
-        if last_only:
-            h = h[:, -1:]
-        return self.head(h), feats
+        with step_rows.verifying(verify, as_steps=self.step_rows):
+            try:
+                h = self.backbone(tokens, cache)
+            finally:
+                self._arm(None)
+            if self.pipelined and self.capture_ids:
+                feats = self._gather_stages(sink, h)
+            else:
+                feats = mx.concatenate(sink, axis=-1) if sink else None
+            if last_only:
+                h = h[:, -1:]
+            return self.head(h), feats
 
     def _gather_stages(self, sink: list[mx.array], h: mx.array) -> mx.array:
         """Every captured layer on every rank: each rank puts the layers it holds and zeros for the
@@ -254,7 +278,8 @@ class Target:
     # -- rollback ----------------------------------------------------------
     def begin_verify(self, cache: list[Any]) -> None:
         """Called before a verify forward; hybrid targets start recording here, sliding windows
-        compute its rows as one-token steps."""
+        compute its rows as one-token steps, and so does the whole forward on MLX CUDA (step_rows)."""
+        self._verify_next = True
         for c in cache:
             if isinstance(c, WindowKVCache):
                 c.rows_as_steps = True
