@@ -171,3 +171,74 @@ def test_a_short_prefill_chunk_is_mlx_lm_s_attention_and_a_verify_the_kernel(qwe
     target.begin_verify(cache)
     mx.eval(target.forward(mx.array([[5, 9, 14, 3]]), cache)[0])
     assert len(seen) == target.num_layers
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    """A Qwen3.5-format hybrid pair (Gated DeltaNet + attention), loaded with the block kernels on
+    (their references here) and the step-rows wiring forced on; and a vanilla mlx-lm load."""
+    import mlx_lm
+
+    root = tmp_path_factory.mktemp("step_rows_hybrid")
+    cfg = rp.build_target(root / "target", kind="qwen3_5", seed=9, dtype="bfloat16", hidden=128, layers=4, heads=4,
+                          kv_heads=2, head_dim=32, intermediate=256, linear_head_dim=32, full_attention_interval=2,
+                          tie=False)
+    dcfg = rp.draft_config_for(cfg, rp.mask_token_id(root / "target"), layers=2, block_size=16)
+    rp.build_draft(root / "draft", dcfg, seed=10, dtype=mx.bfloat16)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DFLASH_TUI_KERNELS", "1")
+        mp.setattr(step_rows, "wanted", lambda: True)
+        pair = load_pair(str(root / "target"), str(root / "draft"))
+    model, tokenizer = mlx_lm.load(str(root / "target"))
+    return pair, SimpleNamespace(target=SimpleNamespace(model=model, tokenizer=tokenizer))
+
+
+@pytest.mark.parametrize("as_steps", [True, False])
+def test_a_hybrid_verify_as_steps_runs_mlx_lm_s_recurrence_and_windowed_convolutions(hybrid, monkeypatch, as_steps):
+    """The Gated DeltaNet's causal conv1d gets one K-row window a call (a decode step's call) and
+    the recurrence mlx-lm's per-step ops, not the engine's one-launch kernel; batched, the kernel."""
+    from dflash_tui.engine import gdn_tape
+
+    monkeypatch.setenv("DFLASH_TUI_KERNELS", "1")
+    monkeypatch.setattr(step_rows, "wanted", lambda: True)
+    pair, vanilla = hybrid
+    assert pair.target.use_step_rows(as_steps) is as_steps
+    seen: Counter = Counter()
+    kernel = gdn_tape._kernel_update
+    monkeypatch.setattr(gdn_tape, "_kernel_update", lambda bound: seen.update(["kernel"]) or kernel(bound))
+    conv = nn.Conv1d.__call__
+    monkeypatch.setattr(nn.Conv1d, "__call__", lambda self, x: seen.update([f"conv {x.shape[1]}"]) or conv(self, x))
+    target = pair.target
+    cache = target.make_cache()
+    mx.eval(target.forward(mx.array([[5, 9, 14, 3, 22, 7, 8, 30]]), cache, last_only=True)[0])
+    seen.clear()
+    target.begin_verify(cache)
+    mx.eval(target.forward(mx.array([[5, 9, 14, 3, 22]]), cache)[0])
+    linear_layers = len(target.linear_ids)
+    k = target.layers[target.linear_ids[0]].linear_attn.conv1d.weight.shape[1]
+    if as_steps:  # 5 windows of K rows a layer, no kernel
+        assert seen == Counter({f"conv {k}": 5 * linear_layers}), seen
+    else:  # one call over the K-1 cached rows and the 5 new ones, and the kernel
+        assert seen == Counter({f"conv {k - 1 + 5}": linear_layers, "kernel": linear_layers}), seen
+    target.rollback(cache, 2, 5)
+    target.use_step_rows(False)
+
+
+def test_a_hybrid_with_rows_as_steps_equals_stream_generate(hybrid, monkeypatch):
+    monkeypatch.setenv("DFLASH_TUI_KERNELS", "1")
+    monkeypatch.setattr(step_rows, "wanted", lambda: True)
+    pair, vanilla = hybrid
+    assert pair.target.use_step_rows(True)
+    try:
+        conv = Conversation(pair)
+        conv.messages.append({"role": "user", "content": PROMPT})
+        ids = conv.prompt_tokens()
+        conv.messages.clear()
+        ref = reference_tokens(vanilla, ids, N_TOKENS)
+        conv.propose = oracle_proposer(ids + ref, error_rate=0.15, seed=3, vocab=pair.target.vocab_size)
+        events = list(conv.generate(PROMPT, GenerationSettings(max_tokens=N_TOKENS, block_size=8)))
+    finally:
+        pair.target.use_step_rows(False)
+    assert events[-1].tokens == ref
+    accepted = {e.accepted for e in events if isinstance(e, Block) and e.drafted}
+    assert 0 in accepted and len(accepted) >= 2, accepted

@@ -43,6 +43,7 @@ import mlx.nn as nn
 from mlx_lm.models import gated_delta as _gd
 
 from dflash_tui.engine.cuda_gated_delta import gated_delta_fits, gated_delta_steps
+from dflash_tui.engine import step_rows
 from dflash_tui.engine.cuda_kernels import kernels_wanted
 
 _RECORD_ATTR = "_dflash_gdn_record"
@@ -324,7 +325,9 @@ def _record_update(rec: Record, args: tuple, kwargs: dict):
         Hv, Dv = bound["v"].shape[-2:]
         bound["state"] = mx.zeros((B, Hv, Dv, Dk), dtype=mx.float32)
     rec.replay = bound
-    if rec.mode == "auto" and _takes_ops_path(bound) and kernels_wanted() and _kernel_fits(bound):
+    # the engine's one-launch kernel, unless the verify's rows must be computed as steps (step_rows.py)
+    if rec.mode == "auto" and _takes_ops_path(bound) and kernels_wanted() and not step_rows.active() \
+            and _kernel_fits(bound):
         y, states = _kernel_update(bound)
         rec.states = states
         rec.replay = {"state": bound["state"]}

@@ -65,6 +65,18 @@ class HybridTarget(Target):
         if not unsupported:
             for m in mixers:
                 gdn_tape.attach(m)
+        self.recorded = [] if unsupported else mixers
+
+    def use_step_rows(self, on: bool) -> bool:
+        # the step-rows classes go under the recording ones: a recording conv must see the whole
+        # input (its rollback rebuilds the conv state from it) before the windows are cut
+        for m in self.recorded:
+            gdn_tape.detach(m)
+        try:
+            return super().use_step_rows(on)
+        finally:
+            for m in self.recorded:
+                gdn_tape.attach(m)
 
     # -- caches --------------------------------------------------------------
     def make_cache(self) -> HybridCache:

@@ -12,7 +12,10 @@ target's linear layers and attention compute each row in the one-row kernel's or
   not replay the one-row call, MLX's own call on at most 7 rows at a time (MLX CUDA computes
   up to 7 rows with the one-row kernel, one grid row each);
 - attention: `cuda_step_attention.step_attention`; the tied head (`Embedding.as_linear`) as
-  the first bullets.
+  the first bullets;
+- a causal `nn.Conv1d` (the Gated DeltaNet's, fed its K-1 cached rows and the new ones): each
+  output from its own K-row window, one MLX call each, the call a decode step makes; the
+  recurrence itself runs mlx-lm's per-step ops (gdn_tape.py) instead of the engine's kernel.
 
 Norms, rotary embeddings, activations and the embedding lookup are per row already. Only
 instances of exactly these classes change (a subclass may compute differently), only where
@@ -119,11 +122,19 @@ class StepRowsQuantizedLinear(nn.QuantizedLinear):
         return out + self["bias"] if "bias" in self else out
 
 
-_SWAPS = {nn.Linear: StepRowsLinear, nn.QuantizedLinear: StepRowsQuantizedLinear}
+class StepRowsConv1d(nn.Conv1d):
+    def __call__(self, x: mx.array) -> mx.array:
+        k = self["weight"].shape[1]
+        if not active() or (self.stride, self.padding, self.dilation) != (1, 0, 1) or x.shape[1] <= k:
+            return nn.Conv1d.__call__(self, x)
+        return mx.concatenate([nn.Conv1d.__call__(self, x[:, t : t + k]) for t in range(x.shape[1] - k + 1)], axis=1)
+
+
+_SWAPS = {nn.Linear: StepRowsLinear, nn.QuantizedLinear: StepRowsQuantizedLinear, nn.Conv1d: StepRowsConv1d}
 
 
 def install(model: nn.Module) -> int:
-    """Swap the class of every plain Linear / QuantizedLinear instance in `model` for its
+    """Swap the class of every plain Linear / QuantizedLinear / Conv1d instance in `model` for its
     step-rows subclass (which behaves as the original outside `verifying()`); returns how many
     are swapped (those of an earlier call included)."""
     n = 0
