@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -64,6 +65,12 @@ def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: in
     return out
 
 
+def _reported(row: Comparison) -> Comparison:
+    """Each comparison on stderr as it completes: a run cut short keeps what it measured."""
+    print(json.dumps(asdict(row)), file=sys.stderr, flush=True)
+    return row
+
+
 def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_tokens: int,
             block_sizes: list[Union[int, str]], verifies: tuple[str, ...] = ("batched",),
             reference_twice: bool = False) -> list[Comparison]:
@@ -74,7 +81,7 @@ def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_
         ref = vanilla_tokens(*vanilla, prompt, max_tokens)
         if reference_twice:  # is the reference itself a function of its input on this device?
             again = first_difference(ref, vanilla_tokens(*vanilla, prompt, max_tokens))
-            rows.append(Comparison("vanilla again", i, "-", len(ref), again is None, again))
+            rows.append(_reported(Comparison("vanilla again", i, "-", len(ref), again is None, again)))
         for verify in verifies:
             pair.target.use_step_rows(verify == "steps")
             for b in block_sizes:
@@ -84,7 +91,7 @@ def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_
                 if done.type != "done":
                     raise RuntimeError(getattr(done, "message", "generation failed"))
                 diff = first_difference(ref, done.tokens)
-                rows.append(Comparison(verify, i, b, len(ref), diff is None, diff))
+                rows.append(_reported(Comparison(verify, i, b, len(ref), diff is None, diff)))
     pair.target.use_step_rows(before)
     return rows
 
