@@ -97,6 +97,23 @@ def oracle_proposer(sequence: list[int], error_rate: float = 0.3, seed: int = 0,
     return propose
 
 
+def oracle_run(pair, reference, text: str, max_tokens: int, block_size, seed: int, error_rate: float = 0.15):
+    """One greedy turn of `text` with an oracle draft (planted errors) against `reference`'s
+    `stream_generate` tokens (`reference`: the pair itself or another load of its target).
+    Returns (reference tokens, the turn's Block events, its Done event)."""
+    from dflash_tui.engine.conversation import Conversation, GenerationSettings
+    from dflash_tui.engine.events import Block
+
+    conv = Conversation(pair)
+    conv.messages.append({"role": "user", "content": text})
+    ids = conv.prompt_tokens()
+    conv.messages.clear()
+    ref = reference_tokens(reference, ids, max_tokens)
+    conv.propose = oracle_proposer(ids + ref, error_rate=error_rate, seed=seed, vocab=pair.target.vocab_size)
+    events = list(conv.generate(text, GenerationSettings(max_tokens=max_tokens, block_size=block_size)))
+    return ref, [e for e in events if isinstance(e, Block)], events[-1]
+
+
 def demo_pair_bundled() -> bool:
     """True when the demo pair's weights are in the package (or DFLASH_TUI_DEMO_DIR names a build)."""
     from dflash_tui.demo import demo_draft_path, demo_target_path

@@ -17,7 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 import cuda_compile as cc
-from conftest import _build_pair, oracle_proposer, reference_tokens
+from conftest import _build_pair, oracle_run, reference_tokens
 from cuda_compile import needs_nvcc
 from mlx_lm.models import gated_delta as mlx_gd
 
@@ -194,14 +194,7 @@ def test_gated_delta_steps_equal_mlx_lm_step_by_step():
 # -- the engine routes its cycles through them, and stays exact ------------------------
 
 def oracle_generate(pair, block_size: int, max_tokens: int, seed: int):
-    conv = Conversation(pair)
-    conv.messages.append({"role": "user", "content": PROMPT})
-    ids = conv.prompt_tokens()
-    conv.messages.clear()
-    ref = reference_tokens(pair, ids, max_tokens)
-    conv.propose = oracle_proposer(ids + ref, error_rate=0.2, seed=seed, vocab=pair.target.vocab_size)
-    events = list(conv.generate(PROMPT, GenerationSettings(max_tokens=max_tokens, block_size=block_size)))
-    return ref, [e for e in events if isinstance(e, Block)], events[-1]
+    return oracle_run(pair, pair, PROMPT, max_tokens, block_size, seed, error_rate=0.2)
 
 
 @pytest.mark.parametrize("block_size", [2, 4, 8, 16])

@@ -20,12 +20,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from conftest import oracle_proposer, reference_tokens
+from conftest import oracle_run
 from dflash_tui import random_pair as rp
 from dflash_tui.engine import step_rows
 from dflash_tui.engine import target as target_module
-from dflash_tui.engine.conversation import Conversation, GenerationSettings
-from dflash_tui.engine.events import Block
 from dflash_tui.engine.loading import load_pair
 
 N_TOKENS = 64
@@ -122,15 +120,9 @@ def test_only_a_verify_forward_runs_rows_as_steps(forced, calls):
 @pytest.mark.parametrize("block_size", [4, 16])
 def test_greedy_with_rows_as_steps_equals_stream_generate(forced, calls, block_size):
     pair, vanilla, _ = forced
-    conv = Conversation(pair)
-    conv.messages.append({"role": "user", "content": PROMPT})
-    ids = conv.prompt_tokens()
-    conv.messages.clear()
-    ref = reference_tokens(vanilla, ids, N_TOKENS)
-    conv.propose = oracle_proposer(ids + ref, error_rate=0.15, seed=block_size, vocab=pair.target.vocab_size)
-    events = list(conv.generate(PROMPT, GenerationSettings(max_tokens=N_TOKENS, block_size=block_size)))
-    assert events[-1].tokens == ref
-    accepted = {e.accepted for e in events if isinstance(e, Block) and e.drafted}
+    ref, blocks, done = oracle_run(pair, vanilla, PROMPT, N_TOKENS, block_size, seed=block_size)
+    assert done.tokens == ref
+    accepted = {b.accepted for b in blocks if b.drafted}
     assert 0 in accepted and len(accepted) >= 2, accepted
     assert calls["attention"] > 0
 
@@ -230,15 +222,9 @@ def test_a_hybrid_with_rows_as_steps_equals_stream_generate(hybrid, monkeypatch)
     pair, vanilla = hybrid
     assert pair.target.use_step_rows(True)
     try:
-        conv = Conversation(pair)
-        conv.messages.append({"role": "user", "content": PROMPT})
-        ids = conv.prompt_tokens()
-        conv.messages.clear()
-        ref = reference_tokens(vanilla, ids, N_TOKENS)
-        conv.propose = oracle_proposer(ids + ref, error_rate=0.15, seed=3, vocab=pair.target.vocab_size)
-        events = list(conv.generate(PROMPT, GenerationSettings(max_tokens=N_TOKENS, block_size=8)))
+        ref, blocks, done = oracle_run(pair, vanilla, PROMPT, N_TOKENS, 8, seed=3)
     finally:
         pair.target.use_step_rows(False)
-    assert events[-1].tokens == ref
-    accepted = {e.accepted for e in events if isinstance(e, Block) and e.drafted}
+    assert done.tokens == ref
+    accepted = {b.accepted for b in blocks if b.drafted}
     assert 0 in accepted and len(accepted) >= 2, accepted
