@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_cli_generate import assert_one_line_error, cli, pair_args
 
 
@@ -193,3 +195,24 @@ def test_exactness_on_random_shape_pairs_equals_a_second_instance_on_cpu(capsys)
     for per_block in summary.values():
         assert set(per_block) == {"batched 4", "batched auto"}
         assert all(s["identical"] == s["prompts"] == 2 for s in per_block.values()), per_block
+
+
+def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verify(capsys):
+    from dflash_tui.bench import verify_parts
+
+    assert verify_parts.main(["--shape", "tiny-hybrid", "tiny-4bit", "--rows", "4", "--chain", "2", "--reps", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    got = {(r["shape"], r["layer"], r["part"]) for r in rows}
+    mlp = {"mlp", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    attention = {"self_attn", "layer", *(f"self_attn.{p}_proj" for p in "qkvo")} | mlp
+    gdn = {"linear_attn", "layer", *(f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
+                                                                  "out_proj"))} | mlp
+    assert got == ({("tiny-hybrid", "attention", p) for p in attention} | {("tiny-hybrid", "linear", p) for p in gdn}
+                   | {("tiny-4bit", "attention", p) for p in attention}
+                   | {(s, "head", "head") for s in ("tiny-hybrid", "tiny-4bit")}), got
+    for r in rows:
+        assert "error" not in r, r
+        assert r["ms_1"] > 0 and r["ms_4"] > 0 and r["ratio"] == r["ms_4"] / r["ms_1"]
+    # a part's share of a forward: its time times the layers of its kind (tiny-hybrid: 6 linear, 2 attention)
+    mixer = next(r for r in rows if r["shape"] == "tiny-hybrid" and r["part"] == "linear_attn")
+    assert mixer["ms_4_x_layers"] == pytest.approx(mixer["ms_4"] * 6)

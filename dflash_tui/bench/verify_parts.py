@@ -1,0 +1,138 @@
+"""Benchmark (not a test): where a verify's time goes against a decode step's, part by part.
+
+For one random-weight real-shape target (cycle_cost's shapes), one layer of each kind
+(attention; Gated DeltaNet on hybrids) is taken apart: every linear in it, its mixer (the
+attention or the Gated DeltaNet, with a cache of `--context` tokens), its MLP, the whole
+layer, and the head. Each part runs on 1 row (a decode step) and on `--rows` rows (a
+verify), as a chain of `--chain` calls evaluated at once, so the time per call is the
+device's with launches overlapped as in a forward (parts with a cache are put back after
+each chain). `x layers` multiplies a layer part by the number of layers of its kind: the
+share of one forward, to hold against `cycle_profile`'s whole step and verify. The parts
+are mlx-lm's own modules as a plain forward runs them (outside a verify the engine's
+attention kernel and Gated DeltaNet record are not in play).
+
+    python -m dflash_tui.bench.verify_parts --shape qwen3-8b-4bit qwen3.5-4b --context 128 --rows 16
+    python -m dflash_tui.bench.verify_parts --shape tiny tiny-hybrid --chain 2 --reps 1   # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
+from dflash_tui.engine.state import DecodeState
+
+
+def chained_ms(fn: Callable[[mx.array], Any], inputs: list[mx.array], reps: int,
+               reset: Callable[[], None] = lambda: None) -> float:
+    """Median over `reps` of (one evaluation of fn on every input) / len(inputs), in ms."""
+    mx.eval(fn(inputs[0]))  # builds and warms the kernels
+    reset()
+    times = []
+    for _ in range(reps):
+        mx.synchronize()
+        tic = time.perf_counter()
+        mx.eval([fn(x) for x in inputs])
+        times.append((time.perf_counter() - tic) * 1e3 / len(inputs))
+        reset()
+    return statistics.median(times)
+
+
+def input_dims(module: nn.Module) -> int:
+    w = module["weight"]
+    return w.shape[1] * 32 // module.bits if isinstance(module, nn.QuantizedLinear) else w.shape[1]
+
+
+def put_back(cache: Any) -> Callable[[], None]:
+    """A function that gives a layer cache back what it holds now (trim, or its arrays)."""
+    if hasattr(cache, "trim") and hasattr(cache, "offset"):
+        offset = cache.offset
+        return lambda: cache.trim(cache.offset - offset)
+    saved = list(cache.state)
+    return lambda: setattr(cache, "state", saved)
+
+
+def layer_parts(layer: nn.Module, cache: Any) -> dict[str, tuple[Callable[[mx.array], Any], int, bool]]:
+    """name -> (fn of x [1, rows, dims], dims, uses the cache)."""
+    parts: dict[str, tuple[Callable[[mx.array], Any], int, bool]] = {}
+    for name, m in layer.named_modules():
+        if isinstance(m, (nn.Linear, nn.QuantizedLinear)) and name:
+            parts[name] = (m, input_dims(m), False)
+    hidden = layer.input_layernorm.weight.shape[0]
+
+    def mask(x: mx.array):
+        return "causal" if x.shape[1] > 1 else None
+
+    mixer_name = "self_attn" if hasattr(layer, "self_attn") else "linear_attn"
+    mixer = getattr(layer, mixer_name)
+    if mixer_name == "self_attn":
+        parts[mixer_name] = (lambda x: mixer(x, mask(x), cache), hidden, True)
+    else:
+        parts[mixer_name] = (lambda x: mixer(x, None, cache), hidden, True)
+    parts["mlp"] = (layer.mlp, hidden, False)
+    parts["layer"] = (lambda x: layer(x, mask(x) if mixer_name == "self_attn" else None, cache), hidden, True)
+    return parts
+
+
+def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: mx.Dtype) -> list[dict[str, Any]]:
+    target, draft = build(shape, 5, dtype)
+    state = DecodeState(target, draft)
+    state.prefill(random_prompt(target.vocab_size, context))
+    cache = state.target_cache
+    out: list[dict[str, Any]] = []
+    kinds: dict[str, list[int]] = {}
+    for i, layer in enumerate(target.layers):
+        kinds.setdefault("attention" if hasattr(layer, "self_attn") else "linear", []).append(i)
+    mx.random.seed(3)
+    hidden = target.hidden_size
+    for kind, ids in kinds.items():
+        i = ids[0]
+        restore = put_back(cache[i])
+        for name, (fn, dims, cached) in layer_parts(target.layers[i], cache[i]).items():
+            row: dict[str, Any] = {"shape": shape, "context": context, "layer": kind, "part": name}
+            try:
+                for n in (1, rows):
+                    xs = [mx.random.normal((1, n, dims)).astype(dtype) for _ in range(chain)]
+                    ms = chained_ms(fn, xs, reps, restore if cached else (lambda: None))
+                    row[f"ms_{n}"] = ms
+                    row[f"ms_{n}_x_layers"] = ms * len(ids)
+                row["ratio"] = row[f"ms_{rows}"] / row["ms_1"]
+            except Exception as exc:  # one part failing must not lose the others
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            out.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    head: dict[str, Any] = {"shape": shape, "context": context, "layer": "head", "part": "head"}
+    for n in (1, rows):
+        xs = [mx.random.normal((1, n, hidden)).astype(dtype) for _ in range(chain)]
+        head[f"ms_{n}"] = head[f"ms_{n}_x_layers"] = chained_ms(target.head, xs, reps)
+    head["ratio"] = head[f"ms_{rows}"] / head["ms_1"]
+    out.append(head)
+    print(json.dumps(head), file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), nargs="+", default=["tiny"])
+    p.add_argument("--context", type=int, nargs="+", default=[128])
+    p.add_argument("--rows", type=int, default=16, help="the verify's rows")
+    p.add_argument("--chain", type=int, default=8, help="calls evaluated at once per timing")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    args = p.parse_args(argv)
+    rows = [r for shape in args.shape for ctx in args.context
+            for r in profile(shape, ctx, args.rows, args.chain, args.reps, getattr(mx, args.dtype))]
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
