@@ -121,20 +121,3 @@ def test_bench_part_runs_on_the_tiny_shape(capsys):
     assert row["per_query_equal_rows"] == 16 and row["routed_equal_rows"] == 16 and row["routed_rows"] == "=" * 16
     assert row["routed_repeatable"] and row["routed_36_layers_ms"] > 0 and "kernel_equal_rows" not in row
 
-
-def test_per_query_rows_read_keys_laid_out_as_a_decode_step_s(monkeypatch):
-    """MLX CUDA picks (and caches) cuDNN's decode graph by the keys' buffer layout: mlx-lm's
-    KVCache buffer has ceil(n / 256) * 256 rows when a step reads n keys, zero past them."""
-    assert [sa.decode_buffer_rows(n) for n in (1, 255, 256, 257, 700)] == [256, 256, 256, 512, 768]
-    kv = mx.random.normal((1, 2, 300, 16)).astype(mx.bfloat16)
-    laid = sa.decode_layout(kv, 512)
-    assert laid.shape == (1, 2, 512, 16)
-    assert mx.array_equal(laid[:, :, :300], kv).item() and not mx.any(laid[:, :, 300:]).item()
-    assert sa.decode_layout(kv, 256).shape == (1, 2, 256, 16)
-    assert mx.array_equal(sa.decode_layout(kv, 256), kv[:, :, :256]).item()
-    # the values a row reads are the same either way (here on the CPU, forced down the CUDA path)
-    q = mx.random.normal((1, 4, 16, 16)).astype(mx.bfloat16)
-    keys, values = kv[:, :, :270], mx.random.normal((1, 2, 270, 16)).astype(mx.bfloat16)
-    plain = sa.per_query_attention(q, keys, values, 0.25)
-    monkeypatch.setattr(sa, "on_cuda", lambda: True)
-    assert mx.array_equal(sa.per_query_attention(q, keys, values, 0.25), plain).item()

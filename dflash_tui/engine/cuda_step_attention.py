@@ -27,7 +27,7 @@ What MLX CUDA does for one query (mlx/backend/cuda/scaled_dot_product_attention.
   slice of mlx-lm's `KVCache` buffer, which grows by 256 rows from empty: ceil(n / 256) * 256
   rows for n keys. After a verify's rollback the engine's buffer has other lengths (mlx-lm
   regrows it from the offset), so a per-query call first copies the keys into a buffer of
-  the decode step's length (`decode_layout`), zero past the keys as a step's is; else
+  the decode step's length (decode_layout.py), zero past the keys as a step's is; else
   `sdpa_vector`: `kernel_sdpav_1pass` for <= 1024 keys, `kernel_sdpav_2pass_1/_2` above
   (`sdpa_vector_fallback`: by key length only, not by GQA factor). Head dims 64/96/128.
 - 1-pass: one block of 32 warps per (batch, head, query). Lane l holds D/32 consecutive
@@ -65,11 +65,11 @@ import struct
 import mlx.core as mx
 
 from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
+from dflash_tui.engine.decode_layout import buffer_rows, laid_out
 
 MAX_ROWS = 16
 VECTOR_HEAD_DIMS = (64, 96, 128)  # MLX CUDA's sdpa_vector (dispatch_headdim)
 CUDNN_DECODE_FROM_KEYS = 256  # use_cudnn_for_decoding: kv_cache_step
-KV_CACHE_STEP = 256  # mlx-lm's KVCache.step: its buffer grows by this many rows
 TWO_PASS_FROM_KEYS = 1025  # sdpa_vector_fallback: kL > 1024
 _TWO_PASS_BLOCKS = 32  # kernel_sdpav_2pass_1: blocks per query
 _TWO_PASS_WARPS = 8  # kernel_sdpav_2pass_1: BN
@@ -285,24 +285,10 @@ def _check(q: mx.array, keys: mx.array, values: mx.array) -> None:
                          f"q {q.shape}, keys {keys.shape}, values {values.shape}")
 
 
-def decode_buffer_rows(n: int) -> int:
-    """Rows of mlx-lm's KVCache buffer when a decode step reads n keys (it grows by 256 from empty)."""
-    return -(-n // KV_CACHE_STEP) * KV_CACHE_STEP
-
-
-def decode_layout(kv: mx.array, rows: int) -> mx.array:
-    """kv's first min(S, rows) keys in a fresh contiguous buffer of `rows` rows, zero after them."""
-    _, h, s, d = kv.shape
-    head = kv[:, :, : min(s, rows)]
-    if rows <= s:
-        return mx.contiguous(head)
-    return mx.concatenate([head, mx.zeros((1, h, rows - s, d), kv.dtype)], axis=2)
-
-
 def per_query_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float, rows: range | None = None) -> mx.array:
     """Each query as a decode step computes it: one MLX call with the query laid out as a
     step's ([1, 1, H, D] contiguous seen as [1, H, 1, D]) over the keys up to its position,
-    on MLX CUDA sliced from a buffer of the decode step's length (`decode_layout`).
+    on MLX CUDA sliced from a buffer of the decode step's length (decode_layout.py).
     -> [1, H, len(rows), D]."""
     L, S = q.shape[2], keys.shape[2]
     by_token = q.transpose(0, 2, 1, 3)
@@ -313,9 +299,9 @@ def per_query_attention(q: mx.array, keys: mx.array, values: mx.array, scale: fl
         n = S - L + i + 1
         k, v = keys, values
         if on_cuda():
-            size = decode_buffer_rows(n)
+            size = buffer_rows(n)
             if size not in buffers:
-                buffers[size] = decode_layout(keys, size), decode_layout(values, size)
+                buffers[size] = laid_out(keys, S, size), laid_out(values, S, size)
             k, v = buffers[size]
         outs.append(mx.fast.scaled_dot_product_attention(q_step, k[:, :, :n], v[:, :, :n], scale=scale, mask=None))
     return mx.concatenate(outs, axis=2)

@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from dflash_tui.engine import step_rows
+from dflash_tui.engine import decode_layout, step_rows
 from dflash_tui.engine.cuda_step_attention import MAX_ROWS as STEP_ATTENTION_ROWS
 from dflash_tui.engine.cuda_step_attention import step_attention
 from dflash_tui.engine.draft import ATTENTION_MODES, default_attention_mode, multi_query_attention
@@ -248,6 +248,8 @@ class Target:
         """Logits ([1, L, V], or [1, 1, V] with last_only) and captured features [1, L, k*H]."""
         sink: list[mx.array] = []
         verify, self._verify_next = self._verify_next, False
+        if tokens.shape[1] == 1 and cache is not None and decode_layout.wanted():
+            decode_layout.align_for_step(cache)  # the buffers mlx-lm's own step would read
         self._arm(sink, flush=tokens.shape[1] <= PIPELINE_TOKENS)
         with step_rows.verifying(verify, as_steps=self.step_rows):
             try:
