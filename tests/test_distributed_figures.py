@@ -66,6 +66,10 @@ def test_doctor_distributed_reports_the_ranks_once_with_measured_sync(qwen3_dirs
     layers = int(re.search(r"(\d+) layers", proc.stdout).group(1))
     assert f"a target forward makes about {2 * layers} network rounds (2 per layer)" in out[ranks[0] + 2]
     assert any(re.match(r"\s+ok\s+tensor parallel\s+mlx-lm's qwen3 model has shard\(\)", line) for line in out)
+    # the memory figures are the whole pair's on one machine, and say so
+    assert any(re.match(r"\s+ok\s+memory\s+.* needed at .*; under 2 ranks \(tensor parallel\) each holds a share "
+                        r"of the target and a whole draft$", line) for line in out), proc.stdout
+    assert "  (the whole pair on one machine; each of the 2 ranks holds a share)" in out
     assert "Node with rank" not in proc.stderr  # both ranks exited 0
 
     data = json.loads(_doctor_on_2_ranks(qwen3_dirs, "--json").stdout)
@@ -80,3 +84,16 @@ def test_doctor_distributed_pipeline_fails_a_model_mlx_lm_cannot_pipeline(qwen3_
     assert "ranks    2 (pipeline parallel" in proc.stdout
     assert re.search(r"FAIL\s+pipeline parallel\s+mlx-lm's qwen3 model has no pipeline\(\)", proc.stdout), proc.stdout
     assert "verdict: does not work: pipeline parallel" in proc.stdout
+
+
+def test_a_pair_too_big_for_one_machine_is_not_failed_on_the_whole_pair_s_figure():
+    from dflash_tui.engine.fit import Check
+    from dflash_tui.engine.rank_diagnose import ranked_memory_check
+
+    over = Check("memory", False, "30.0 GB needed at 4096 tokens, 24.0 GB available (free GPU memory)")
+    got = ranked_memory_check(over, 30 * 10**9, 24 * 10**9, 2, "tensor")
+    assert got.ok is None and got.name == "memory"
+    assert "for the whole pair, more than this machine's" in got.detail and "not checked per rank" in got.detail
+    fits = Check("memory", True, "3.0 GB needed at 4096 tokens, 24.0 GB available (free GPU memory)")
+    got = ranked_memory_check(fits, 3 * 10**9, 24 * 10**9, 4, "pipeline")
+    assert got.ok is True and got.detail.startswith(fits.detail) and "under 4 ranks (pipeline parallel)" in got.detail

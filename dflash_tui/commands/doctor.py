@@ -75,11 +75,16 @@ def run(args: argparse.Namespace) -> int:
 def _add_ranks(args: argparse.Namespace, diag: "Diagnosis") -> bool:
     """Under mlx.launch: the ranks' figures and whether mlx-lm can shard the target; True on rank 0."""
     from dflash_tui.commands.common import ranks_from_args
-    from dflash_tui.engine.rank_diagnose import rank_facts, shard_check
+    from dflash_tui.engine.rank_diagnose import rank_facts, ranked_memory_check, shard_check
 
     ranks = ranks_from_args(args)
     if diag.target_location.present and diag.target_facts is not None:
         diag.checks.append(shard_check(diag.target_location.path, ranks.kind))
+    m = diag.memory
+    if m is not None and m.budget is not None:  # its figures are one machine's holding the whole pair
+        diag.checks = [ranked_memory_check(c, m.total, m.budget, ranks.size, ranks.kind) if c.name == "memory" else c
+                       for c in diag.checks]
+        diag.wont_work = [w for w in diag.wont_work if not w.startswith("contexts beyond")]
     diag.distributed = rank_facts(ranks, diag.target_facts)
     return ranks.is_leader
 
@@ -138,6 +143,8 @@ def report_lines(diag: "Diagnosis") -> list[str]:
             fits = ("the whole context fits" if m.max_tokens == m.context
                     else f"fits up to about {m.max_tokens} tokens of context")
             lines.append(f"  available: {hb(m.budget)} ({b.budget_source}); {fits}")
+        if diag.distributed is not None:
+            lines.append(f"  (the whole pair on one machine; each of the {diag.distributed.ranks} ranks holds a share)")
     if diag.wont_work:
         lines.append("would not work")
         lines += [f"  - {w}" for w in diag.wont_work]

@@ -75,6 +75,20 @@ def rank_facts(ranks: "Ranks", target: "Optional[TargetFacts]") -> RankFacts:
     return facts
 
 
+def ranked_memory_check(check: Check, total: int, budget: Optional[int], ranks: int, kind: str) -> Check:
+    """The memory check under `ranks` ranks. Its figure is the whole pair's, as one machine would
+    hold it; mlx-lm's sharding gives each rank a share of the target (about 1/N of its layers and
+    KV cache; what stays whole, the embedding say, depends on the model) and every rank a whole
+    draft. What fits one machine fits each rank; what does not is not failed on that figure."""
+    from dflash_tui.engine.facts import human_bytes
+
+    share = f"under {ranks} ranks ({kind} parallel) each holds a share of the target and a whole draft"
+    if check.ok is not False:
+        return Check(check.name, check.ok, f"{check.detail}; {share}")
+    return Check(check.name, None, f"{human_bytes(total)} for the whole pair, more than this machine's "
+                                   f"{human_bytes(budget or 0)}; {share}: not checked per rank")
+
+
 def shard_check(folder, kind: str) -> Check:
     """Does the installed mlx-lm's model class for this target have the sharding `kind` needs?"""
     from mlx_lm.utils import _get_classes  # the lookup mlx_lm.load itself uses
