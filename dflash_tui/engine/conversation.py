@@ -36,7 +36,7 @@ class GenerationSettings:
     min_p: float = 0.0
     seed: Optional[int] = None
     baseline: bool = False
-    prefill_chunk: int = 512
+    prefill_chunk: Optional[int] = None  # tokens a prefill forward takes at most; None: state.default_prefill_chunk()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -19,6 +19,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+MLX_LM_PREFILL_STEP = 2048  # mlx_lm.generate_step's prefill_step_size (stream_generate's default)
+CPU_PREFILL_CHUNK = 512  # on the CPU: a Ctrl+C is answered between chunks
+
+
+def default_prefill_chunk() -> int:
+    """Tokens a prefill forward takes at most: on a GPU mlx-lm's own chunk, since a GPU may round
+    a row with the number of rows computed together (a gemm's tiling) and the cache must be
+    `stream_generate`'s; on the CPU, whose rows do not depend on it, shorter chunks for Ctrl+C."""
+    return MLX_LM_PREFILL_STEP if mx.default_device() == mx.gpu else CPU_PREFILL_CHUNK
+
+
 class DecodeState:
     """Target cache + draft cache + the tokens they hold.
 
@@ -92,7 +103,7 @@ class DecodeState:
         return kept
 
     # -- prefill -----------------------------------------------------------
-    def prefill(self, new_tokens: list[int], chunk: int = 512,
+    def prefill(self, new_tokens: list[int], chunk: Optional[int] = None,
                 should_cancel: Optional[Callable[[], bool]] = None) -> tuple[Optional[mx.array], float]:
         """Run `new_tokens` through the target (and their features into the draft).
 
@@ -100,6 +111,7 @@ class DecodeState:
         asked between chunks: when it says stop, the logits are None and the caches hold the chunks done.
         """
         tic = time.perf_counter()
+        chunk = chunk or default_prefill_chunk()
         self.flush_pending()
         logits = None
         total = len(self.tokens) + len(new_tokens)
