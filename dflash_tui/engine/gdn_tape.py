@@ -42,8 +42,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gated_delta as _gd
 
-from dflash_tui.engine.cuda_gated_delta import gated_delta_fits, gated_delta_steps
 from dflash_tui.engine import step_rows
+from dflash_tui.engine.cuda_gated_delta import gated_delta_fits, gated_delta_steps
 from dflash_tui.engine.cuda_kernels import kernels_wanted
 
 _RECORD_ATTR = "_dflash_gdn_record"
