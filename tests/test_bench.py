@@ -197,9 +197,13 @@ def test_exactness_on_random_shape_pairs_equals_a_second_instance_on_cpu(capsys)
         assert all(s["identical"] == s["prompts"] == 2 for s in per_block.values()), per_block
 
 
-def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verify(capsys):
+def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verify(capsys, monkeypatch):
     from dflash_tui.bench import verify_parts
+    from dflash_tui.engine import gdn_tape
 
+    armed = []
+    arm = gdn_tape.arm
+    monkeypatch.setattr(gdn_tape, "arm", lambda cache, mode="auto": armed.append(mode) or arm(cache, mode))
     assert verify_parts.main(["--shape", "tiny-hybrid", "tiny-4bit", "--rows", "4", "--chain", "2", "--reps", "1"]) == 0
     rows = json.loads(capsys.readouterr().out)
     got = {(r["shape"], r["layer"], r["part"]) for r in rows}
@@ -216,3 +220,5 @@ def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verif
     # a part's share of a forward: its time times the layers of its kind (tiny-hybrid: 6 linear, 2 attention)
     mixer = next(r for r in rows if r["shape"] == "tiny-hybrid" and r["part"] == "linear_attn")
     assert mixer["ms_4_x_layers"] == pytest.approx(mixer["ms_4"] * 6)
+    # the verify rows of a Gated DeltaNet layer's mixer and whole layer ran armed, as a verify does
+    assert armed and set(armed) == {"auto"}

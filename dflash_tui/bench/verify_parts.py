@@ -3,13 +3,13 @@
 For one random-weight real-shape target (cycle_cost's shapes), one layer of each kind
 (attention; Gated DeltaNet on hybrids) is taken apart: every linear in it, its mixer (the
 attention or the Gated DeltaNet, with a cache of `--context` tokens), its MLP, the whole
-layer, and the head. Each part runs on 1 row (a decode step) and on `--rows` rows (a
-verify), as a chain of `--chain` calls evaluated at once, so the time per call is the
+layer, and the head. Each part runs on 1 row (a decode step) and on `--rows` rows run as
+the engine's verify runs them (inside its verify scope: its attention kernel on MLX CUDA; a
+Gated DeltaNet cache armed: the recorded one-launch kernel), as a chain of `--chain` calls
+evaluated at once, so the time per call is the
 device's with launches overlapped as in a forward (parts with a cache are put back after
 each chain). `x layers` multiplies a layer part by the number of layers of its kind: the
-share of one forward, to hold against `cycle_profile`'s whole step and verify. The parts
-are mlx-lm's own modules as a plain forward runs them (outside a verify the engine's
-attention kernel and Gated DeltaNet record are not in play).
+share of one forward, to hold against `cycle_profile`'s whole step and verify.
 
     python -m dflash_tui.bench.verify_parts --shape qwen3-8b-4bit qwen3.5-4b --context 128 --rows 16
     python -m dflash_tui.bench.verify_parts --shape tiny tiny-hybrid --chain 2 --reps 1   # CPU smoke run
@@ -28,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
+from dflash_tui.engine import gdn_tape, step_rows
 from dflash_tui.engine.state import DecodeState
 
 
@@ -82,6 +83,22 @@ def layer_parts(layer: nn.Module, cache: Any) -> dict[str, tuple[Callable[[mx.ar
     return parts
 
 
+def as_verify(fn: Callable[[mx.array], Any], target: Any, cache: Any) -> Callable[[mx.array], Any]:
+    """fn as the engine's verify runs it: in its verify scope, a Gated DeltaNet cache armed."""
+    record = bool(getattr(target, "recorded", None)) and not hasattr(cache, "offset")  # a hybrid's linear layer
+
+    def run(x: mx.array) -> Any:
+        if record:
+            gdn_tape.arm(cache, target.rollback_mode)
+        with step_rows.verifying(True, as_steps=target.step_rows):
+            out = fn(x)
+        if record:
+            gdn_tape.disarm(cache)
+        return out
+
+    return run
+
+
 def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: mx.Dtype) -> list[dict[str, Any]]:
     target, draft = build(shape, 5, dtype)
     state = DecodeState(target, draft)
@@ -101,7 +118,8 @@ def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: m
             try:
                 for n in (1, rows):
                     xs = [mx.random.normal((1, n, dims)).astype(dtype) for _ in range(chain)]
-                    ms = chained_ms(fn, xs, reps, restore if cached else (lambda: None))
+                    run = fn if n == 1 else as_verify(fn, target, cache[i])
+                    ms = chained_ms(run, xs, reps, restore if cached else (lambda: None))
                     row[f"ms_{n}"] = ms
                     row[f"ms_{n}_x_layers"] = ms * len(ids)
                 row["ratio"] = row[f"ms_{rows}"] / row["ms_1"]
