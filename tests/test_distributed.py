@@ -76,8 +76,11 @@ def rank_results(out: str) -> dict[int, dict]:
     return {d["rank"]: d for d in lines}
 
 
-def our_lines(err: str) -> list[str]:
-    return [line for line in err.splitlines() if line.startswith("dflash-tui:")]
+def our_lines(err: str, prefix: str = "dflash-tui:") -> list[str]:
+    """Our lines on stderr. mlx.launch prints a warning in pieces (its colour and "[WARN]", then
+    the text) from another thread than the one passing the ranks' output on, so a rank's line
+    can start right after a warning's first piece: each is taken from `prefix` on."""
+    return [line[line.index(prefix):] for line in err.splitlines() if prefix in line]
 
 
 def write_safetensors_index(folder: Path) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_distributed import our_lines
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = Path(sys.executable).parent / "mlx.launch"
 PROMPT = "hello there"
@@ -192,7 +194,7 @@ def test_serve_distributed_answers_as_one_process_and_reports_a_dead_rank(kind, 
         os.kill(pids[1], signal.SIGKILL)
         server.wait_launcher(60)
         after = server.stderr().splitlines()[before:]
-        ours = [line for line in after if line.startswith("dflash-tui")]
+        ours = our_lines("\n".join(after), prefix="dflash-tui serve:")
         assert len(ours) == 1, "\n".join(after)
         assert "a rank is gone or unreachable" in ours[0] or "another rank exited" in ours[0], ours[0]
         assert any("Node with rank 0 exited with code 1" in line for line in after), "\n".join(after)
