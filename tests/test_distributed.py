@@ -187,12 +187,13 @@ ranks = Ranks(Group())
 ranks.stop_on_sigterm()
 if sys.argv[1] == "launcher-ends-it":  # rank 0 met the same failure, exited; mlx.launch sends SIGTERM
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-ranks.follower_failed(UserError("the model has no weights"), grace_s=float(sys.argv[2]))
+ranks.follower_failed(UserError("the model has no weights \\x1b[31min /tmp/x\\nhere"), grace_s=float(sys.argv[2]))
 """
 
 
 @pytest.mark.parametrize("case, grace, says", [("launcher-ends-it", 30, []),
-                                                ("alone", 0.3, ["dflash-tui: rank 1: the model has no weights"])])
+                                                ("alone", 0.3, ["dflash-tui: rank 1: the model has no weights "
+                                                                "␛[31min /tmp/x␊here"])])
 def test_a_failed_follower_leaves_rank_0_the_report_or_says_it_itself(case, grace, says):
     """A follower's failure waits for mlx.launch's SIGTERM (rank 0 exited reporting it: silent);
     a failure of that rank alone is its own one line after the grace."""

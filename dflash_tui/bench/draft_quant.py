@@ -21,6 +21,7 @@ from typing import Any, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from dflash_tui.bench.exactness import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.draft import load_draft
 from dflash_tui.engine.draft_quant import quantize_draft
@@ -36,11 +37,8 @@ def measure(pair: Pair, prompts: list[list[int]], max_tokens: int, block_size: i
     draft_ms = 0.0
     replies = []
     for prompt in prompts:
-        conv.state.reset()
-        events = list(conv.generate_tokens(prompt, GenerationSettings(max_tokens=max_tokens, block_size=block_size)))
+        events = fresh_turn(conv, prompt, GenerationSettings(max_tokens=max_tokens, block_size=block_size))
         done = events[-1]
-        if done.type != "done":
-            raise RuntimeError(getattr(done, "message", "generation failed"))
         for b in events:
             if b.type == "block" and b.drafted:
                 cycles += 1

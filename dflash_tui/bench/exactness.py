@@ -65,6 +65,15 @@ def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: in
     return out
 
 
+def fresh_turn(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> list[Any]:
+    """One turn of `prompt` from empty caches: its events, the last a Done (else RuntimeError)."""
+    conv.state.reset()
+    events = list(conv.generate_tokens(prompt, settings))
+    if events[-1].type != "done":
+        raise RuntimeError(getattr(events[-1], "message", "generation failed"))
+    return events
+
+
 def _reported(row: Comparison) -> Comparison:
     """Each comparison on stderr as it completes: a run cut short keeps what it measured."""
     print(json.dumps(asdict(row)), file=sys.stderr, flush=True)
@@ -85,11 +94,7 @@ def compare(pair: Pair, vanilla: tuple[Any, Any], prompts: list[list[int]], max_
         for verify in verifies:
             pair.target.use_step_rows(verify == "steps")
             for b in block_sizes:
-                conv.state.reset()
-                events = list(conv.generate_tokens(prompt, GenerationSettings(max_tokens=max_tokens, block_size=b)))
-                done = events[-1]
-                if done.type != "done":
-                    raise RuntimeError(getattr(done, "message", "generation failed"))
+                done = fresh_turn(conv, prompt, GenerationSettings(max_tokens=max_tokens, block_size=b))[-1]
                 diff = first_difference(ref, done.tokens)
                 rows.append(_reported(Comparison(verify, i, b, len(ref), diff is None, diff)))
     pair.target.use_step_rows(before)

@@ -4,9 +4,8 @@
 The range's keys and values are read once, a tile at a time, into shared memory and
 dotted there with every query row of the KV head, instead of once per query as the
 split kernel (`cuda_split_attention`) reads them; the ranges are merged by its
-`combine`. Two versions of the same arithmetic: on the CUDA cores (`allq_attention`)
-and on the tensor cores (`allq_attention`). `allq_attention_reference` replays
-it in MLX ops.
+`combine`. The products run on the tensor cores (`allq_attention`);
+`allq_attention_reference` replays the arithmetic in MLX ops.
 """
 
 from __future__ import annotations

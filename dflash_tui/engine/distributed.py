@@ -186,7 +186,9 @@ class Ranks:
         while not self.terminated and time.monotonic() < deadline:
             time.sleep(0.05)
         if not self.terminated:
-            print(f"dflash-tui: rank {self.rank}: {exc}", file=sys.stderr, flush=True)
+            from dflash_tui.printable import one_line
+
+            print(f"dflash-tui: rank {self.rank}: {one_line(str(exc))}", file=sys.stderr, flush=True)  # names stay inert
         raise SystemExit(exc.exit_code)
 
     # -- watchdog ------------------------------------------------------------
