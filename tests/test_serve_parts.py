@@ -86,3 +86,19 @@ def test_binding_beyond_loopback_needs_a_key(monkeypatch, capsys):
     assert check_args(args(host="0.0.0.0")) == "from-env"
     with pytest.raises(UserError, match="--max-queue"):
         check_args(args(max_queue=0))
+
+
+def test_the_bound_socket_accepts_before_uvicorn_runs():
+    """The banner is printed before uvicorn starts: a client that connects then must wait, not be refused."""
+    import socket
+
+    from dflash_tui.commands.serve import bind
+
+    sock = bind("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+        with pytest.raises(UserError, match="cannot listen"):
+            bind("127.0.0.1", sock.getsockname()[1]).close()
+    finally:
+        sock.close()

@@ -73,12 +73,15 @@ def check_args(args: argparse.Namespace) -> Optional[str]:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the model loads: a busy port fails at once."""
+    """The listening socket, bound before the model loads: a busy port fails at once. It listens from
+    here on, so a client that reads the banner and connects before uvicorn starts waits in the backlog
+    instead of being refused."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)  # uvicorn's own backlog
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     return sock
