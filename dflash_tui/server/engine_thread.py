@@ -143,15 +143,21 @@ class EngineThread:
             self._thread.join(timeout)
 
     # -- the thread ------------------------------------------------------
-    def _run(self) -> None:
+    def _loaded(self) -> bool:
+        """Load the pair; False (and `load_error`, one line) if that failed. Either way `wait_ready` returns."""
         try:
             self._load()
         except Exception as exc:  # a UserError from loading, or anything else: one line
             text = str(exc).strip().splitlines()
             self.load_error = text[0] if text else type(exc).__name__
+            return False
+        finally:
             self._ready.set()
+        return True
+
+    def _run(self) -> None:
+        if not self._loaded():
             return
-        self._ready.set()
         try:
             while True:
                 with self._cond:

@@ -43,16 +43,13 @@ class RankedEngineThread(EngineThread):
             self.ranks.failed = True
         return True
 
+    def _load(self) -> None:
+        super()._load()
+        self.channel.heartbeat()  # every rank has loaded: from here each must answer within the timeout
+
     def _run(self) -> None:
-        try:
-            self._load()
-            self.channel.heartbeat()  # every rank has loaded: from here each must answer within the timeout
-        except Exception as exc:  # a UserError from loading (or from another rank's failure): one line
-            text = str(exc).strip().splitlines()
-            self.load_error = text[0] if text else type(exc).__name__
-            self._ready.set()
+        if not self._loaded():  # a failure here may be another rank's, passed on by the heartbeat
             return
-        self._ready.set()
         try:
             self._loop()
         except UserError as exc:  # DistributedError: a rank is gone, hung, or disagreed
