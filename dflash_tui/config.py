@@ -186,6 +186,7 @@ class LoadedConfig:
     problems: list[str] = field(default_factory=list)
     # False when the file exists but is broken: we must not overwrite what the user wrote
     writable: bool = True
+    given: set[str] = field(default_factory=set)  # the settings the user chose: in the file, or by a flag
 
     @property
     def message(self) -> Optional[str]:
@@ -206,7 +207,7 @@ def load_config(path: Optional[Path] = None) -> LoadedConfig:
         return LoadedConfig(cfg, path, [f"cannot be read ({exc.__class__.__name__}: {exc})"], writable=False)
     except tomllib.TOMLDecodeError as exc:
         return LoadedConfig(cfg, path, [f"is not valid TOML ({exc})"], writable=False)
-    problems, bad_values = [], False
+    problems, bad_values, given = [], False, set()
     known = {f.name for f in fields(Config)}
     for key, value in raw.items():
         if key not in known:  # kept as is on write, so the file stays writable
@@ -217,7 +218,9 @@ def load_config(path: Optional[Path] = None) -> LoadedConfig:
         except BadValue as exc:
             problems.append(f"'{key}' {exc}")
             bad_values = True
-    return LoadedConfig(cfg, path, problems, writable=not bad_values)
+            continue
+        given.add(key)
+    return LoadedConfig(cfg, path, problems, writable=not bad_values, given=given)
 
 
 def save_settings(loaded: LoadedConfig, **changes: Any) -> None:

@@ -59,6 +59,7 @@ def test_bad_values_fall_back_one_by_one():
     for key in ("'temperature'", "'max_tokens'", "'block_size'"):
         assert key in loaded.message
     assert not loaded.writable
+    assert loaded.given == {"top_p"}  # a bad value is no choice: its default stands
 
 
 def test_unknown_keys_are_reported_and_kept_on_write():

@@ -93,6 +93,24 @@ async def test_compact_below_sixty_columns_and_wide_above():
         assert meter.size.width >= 60 and "no baseline measured yet" in wide
 
 
+async def test_drafting_slower_than_the_target_alone_is_said_plainly():
+    for size, slower_words in (((80, 24), "0.40×: slower than the target alone"),
+                               ((160, 48), "0.40× vs 300 tok/s target alone: drafting is slower here")):
+        async with PanesApp().run_test(size=size) as pilot:
+            meter = pilot.app.query_one(SystemMeter)
+            meter.set_pair("/models/demo", "/models/demo-draft", "cpu")
+            meter.set_baseline_tps(300.0)
+            meter.on_prefill(Prefill(100, 0, 0.2))
+            meter.on_blocks(_blocks(10), 0.25)  # 120 tok/s
+            await pilot.pause()
+            body = str(meter._body.render())
+            assert slower_words in body and "speedup" not in body.split("\n")[0], body
+            meter.set_baseline_tps(119.6)  # 1.003x shows as 1.00x: not "slower"
+            await pilot.pause()
+            body = str(meter._body.render())
+            assert "1.00×" in body and "slower" not in body, body
+
+
 async def test_target_only_is_said_plainly_with_no_draft_and_when_the_sizer_drops_to_block_1():
     async with PanesApp().run_test(size=(160, 48)) as pilot:
         meter = pilot.app.query_one(SystemMeter)

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tokens", metavar="N", help="longest reply, in tokens")
     g.add_argument("--seed", metavar="S", help="fix the sampling seed (-1 = none)")
     g.add_argument("--block-size", metavar="B",
-                   help="auto (adaptive, the default), 0 (the draft's own) or N from 2 up to the draft's own")
+                   help="auto (adaptive, the default; the demo pair drafts its own), 0 (the draft's own) or N from 2 "
+                        "up to the draft's own")
     r = parser.add_argument_group("remote engine")
     r.add_argument("--remote", metavar="URL",
                    help="chat with an OpenAI-compatible server instead (dflash-tui serve, vLLM, SGLang, mlx_lm.server, "
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_config()
     remote = _remote(args, loaded.config)
     model, draft = (None, None) if remote is not None else _pair(args, loaded.config.model)
-    apply_flags(args, loaded.config)
+    apply_flags(args, loaded)
     if args.system is not None:
         loaded.config.system = args.system
     if getattr(args, "draft_quant", None) is not None:
@@ -117,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
     return run_to_the_end(app)
 
 
-def apply_flags(args: argparse.Namespace, config) -> None:
-    """Put the decoding flags given into `config` (this run only: the file is not written)."""
+def apply_flags(args: argparse.Namespace, loaded) -> None:
+    """Put the decoding flags given into `loaded.config` (this run only: the file is not written)."""
     from dflash_tui.config import VALIDATORS, BadValue
 
     for flag, key in DECODING_FLAGS.items():
@@ -126,9 +127,10 @@ def apply_flags(args: argparse.Namespace, config) -> None:
         if value is None:
             continue
         try:
-            setattr(config, key, VALIDATORS[key](value))
+            setattr(loaded.config, key, VALIDATORS[key](value))
         except BadValue as exc:
             raise UserError(f"--{flag.replace('_', '-')}: {exc}") from None
+        loaded.given.add(key)
 
 
 def run_to_the_end(app, **run_kwargs) -> int:

@@ -390,12 +390,16 @@ class SystemMeter(Widget):
             t.append("target only" + (" (baseline)" if not compact else ""), value)
         elif figure is not None:
             speedup, source = figure
-            t.append(f"{speedup:.2f}×", w.style("good" if speedup >= 1 else "warn"))  # slower than alone: a warning
+            slower = round(speedup, 2) < 1  # as shown: 0.995 reads 1.00×, not slower
+            t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
             where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
             if compact:
-                t.append(" speedup" + (" (probe)" if source == "probe" else ""), label)
+                probe = " (probe)" if source == "probe" else ""
+                t.append(f"{probe}: slower than the target alone" if slower else f" speedup{probe}", label)
             else:
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
+                if slower:
+                    t.append(": drafting is slower here", w.style("warn"))
         else:
             t.append("—", value)
             why = " (DFlash not measured yet)" if s.baseline_tps else \

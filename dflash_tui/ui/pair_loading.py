@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from dflash_tui.config import save_settings
+from dflash_tui.demo import is_demo_path
 from dflash_tui.model_names import draft_label, model_label
 from dflash_tui.printable import plain
 from dflash_tui.ui import messages as msg
@@ -37,6 +38,14 @@ def block_too_big(block: int, draft_block: int) -> Optional[str]:
 class PairLoading:
     """The app's part in loading a pair."""
 
+    def block_for(self, model: str) -> "int | str":
+        """The block size a pair starts with: the user's if they chose one (config.toml, a flag, /block, or
+        set on the app before it runs); else the demo pair drafts its own size always (it is there to show
+        acceptance, even where drafting is slower than the target alone) and any other pair adapts (auto)."""
+        if self.block_chosen or self.options.block_size != self.block_set:
+            return self.options.block_size
+        return 0 if is_demo_path(model) else self.loaded_config.config.block_size
+
     def load_model(self, model: str, draft: Optional[str] = None, remember: bool = False,
                    keep_chat: bool = False) -> None:
         """Load a pair in the engine thread; once it is ready, a new pair starts a new conversation
@@ -48,7 +57,7 @@ class PairLoading:
         self._pending_load = PendingLoad(model, draft, remember, keep_chat)
         self.chat.show_loading(model)
         self.engine.submit(Load(model, draft, self.trust_remote_code, self.probe_tokens, self.system_prompt or None,
-                                block_size=self.options.block_size or None, draft_quant=self.options.draft_quant,
+                                block_size=self.block_for(model) or None, draft_quant=self.options.draft_quant,
                                 prompt_cache_bytes=int(self.options.prompt_cache_gb * 2**30)))
 
     @while_shown
@@ -95,10 +104,17 @@ class PairLoading:
         else:
             self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "
                                f"({message.no_draft or 'none given'}): the target runs alone.")
+        if pending is not None:
+            self.block_chosen = self.block_chosen or self.options.block_size != self.block_set
+            self.options.block_size = self.block_set = self.block_for(pending.model)
+            if message.draft and server is None and not self.block_chosen and is_demo_path(pending.model):
+                self.chat.add_note(f"The demo drafts blocks of {message.block_size} always, to show acceptance, even "
+                                   "where drafting is slower than the target alone (the meter says which); /block "
+                                   "auto adapts instead.")
         block = self.options.block_size
         too_big = isinstance(block, int) and message.draft and block_too_big(block, message.block_size)
         if too_big:
-            self.options.block_size = 0
+            self.options.block_size = self.block_set = 0
             self.chat.add_note(f"{too_big}. Using the draft's own, {message.block_size}.", "warning")
         self.meter.set_settings(self.meter_settings())
         if pending is not None and pending.remember:
