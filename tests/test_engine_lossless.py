@@ -177,6 +177,18 @@ def test_a_failed_turn_leaves_no_half_message(qwen3_pair, monkeypatch):
     assert conv.messages == before
 
 
+def test_a_block_past_the_drafts_own_is_refused_and_the_conversation_goes_on(qwen3_pair):
+    conv = Conversation(qwen3_pair)
+    run(conv, "works", GenerationSettings(max_tokens=5, block_size=4))
+    before = [dict(m) for m in conv.messages]
+    events = list(conv.generate("too big", GenerationSettings(max_tokens=5, block_size=17)))
+    assert [e.type for e in events] == ["error"] and "block size 17 refused" in events[0].message
+    assert conv.messages == before
+    # the target alone has no block to size; the draft's own size is allowed
+    assert list(conv.generate("alone", GenerationSettings(max_tokens=3, block_size=17, baseline=True)))[-1].type == "done"
+    assert list(conv.generate("own", GenerationSettings(max_tokens=3, block_size=16)))[-1].type == "done"
+
+
 def test_decode_speed_runs_from_the_first_token_to_the_last(qwen3_pair):
     """A cycle that only ends the reply with EOS is not decode time, as the step that produces
     EOS after the last token is not for mlx_lm.stream_generate in the bench."""

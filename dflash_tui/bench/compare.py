@@ -20,6 +20,7 @@ import mlx.core as mx
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done
 from dflash_tui.engine.loading import Pair
+from dflash_tui.errors import UserError
 
 
 @dataclass
@@ -57,8 +58,8 @@ def run_dflash(conv: Conversation, prompt: list[int], settings: GenerationSettin
     conv.state.reset()  # every run starts cold, like the baseline
     done: Optional[Done] = None
     for ev in conv.generate_tokens(prompt, settings):
-        if ev.type == "error":
-            raise RuntimeError(ev.message)
+        if ev.type == "error":  # the engine's refusal (a block past the draft's, a prompt past the context): one line
+            raise UserError(ev.message)
         if ev.type == "done":
             done = ev
     assert done is not None

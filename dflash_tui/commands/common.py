@@ -32,7 +32,7 @@ def _draft_quant(text: str) -> int:
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--max-tokens", type=int, default=512, metavar="N")
-    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size, or auto (default: the draft's own)")
+    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size up to the draft's own, or auto (default: the draft's own)")
     g.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, metavar="P")
     g.add_argument("--top-k", type=int, default=0, metavar="K")

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from dflash_tui.engine.block_limit import past_training
+
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -184,8 +186,7 @@ def _block_size(v: Any, draft_block: int) -> Union[int, str, None]:
     if not _is_int(v) or v < 1:
         raise RequestError("'dflash.block_size' must be an integer >= 1 or \"auto\"", param="dflash")
     if v > max(draft_block, 1):
-        why = (f"the draft was trained to draft blocks of {draft_block} tokens, and past that it guesses positions "
-               f"it never learned (1 to {draft_block}, or \"auto\")" if draft_block
+        why = (f"{past_training(v, draft_block)} (1 to {draft_block}, or \"auto\")" if draft_block
                else "this server has no draft: the target runs alone, with no block to size (1 or \"auto\")")
         raise RequestError(f"'dflash.block_size' {v} refused: {why}", param="dflash")
     return v

@@ -12,6 +12,7 @@ from typing import Optional
 
 from dflash_tui.config import save_settings
 from dflash_tui.demo import is_demo_path
+from dflash_tui.engine.block_limit import past_training
 from dflash_tui.model_names import draft_label, model_label
 from dflash_tui.printable import plain
 from dflash_tui.ui import messages as msg
@@ -29,10 +30,8 @@ class PendingLoad:
 
 def block_too_big(block: int, draft_block: int) -> Optional[str]:
     """Why a fixed block size cannot be used with a draft trained on `draft_block`; None when it can."""
-    if draft_block and block > draft_block:
-        return (f"block size {block} refused: the draft was trained to draft blocks of {draft_block} tokens, "
-                f"and past that it guesses positions it never learned (2 to {draft_block}, 0 = {draft_block}, or auto)")
-    return None
+    why = past_training(block, draft_block)
+    return f"block size {block} refused: {why} (2 to {draft_block}, 0 = {draft_block}, or auto)" if why else None
 
 
 class PairLoading:
