@@ -48,8 +48,8 @@ def test_decoding_flags_reach_the_app(started, command, qwen3_dirs):
     assert started[0].system_prompt == "Terse." and started[0].options.temperature == 0.2
     assert started[0].options.min_p == 0.0 and started[0].options.block_size == "auto"
     # which settings the user chose (the demo pair drafts its own block only when the block size is not one)
-    assert started[0].loaded_config.given == {"temperature"} and not started[0].block_chosen
-    assert app.loaded_config.given >= {"temperature", "block_size", "seed"} and app.block_chosen
+    assert started[0].loaded_config.given == {"temperature"} and started[0].block_default == "auto"
+    assert app.loaded_config.given >= {"temperature", "block_size", "seed"} and app.block_default is None
 
 
 def test_the_flags_are_checked_like_config_values():

@@ -59,7 +59,7 @@ def test_per_query_rows_read_keys_laid_out_as_a_decode_step_s(monkeypatch):
     seen = []
     real = decode_layout.laid_out
     monkeypatch.setattr(sa, "laid_out", lambda kv, keep, rows: seen.append(rows) or real(kv, keep, rows))
-    monkeypatch.setattr(sa, "on_cuda", lambda: True)  # here on the CPU, forced down the CUDA path
+    monkeypatch.setattr(decode_layout, "wanted", lambda: True)  # here on the CPU, forced down the CUDA path
     assert mx.array_equal(sa.per_query_attention(q, kv, values, 0.25), plain).item()
     # rows 255..270 keys: two buffer lengths, keys and values each laid out once per length
     assert sorted(seen) == [256, 256, 512, 512]

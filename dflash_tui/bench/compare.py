@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import mlx.core as mx
 
@@ -54,15 +54,18 @@ def run_baseline(pair: Pair, prompt: list[int], max_tokens: int) -> RunFigures:
                       peak_memory=mx.get_peak_memory(), tokens=tokens)
 
 
+def fresh_turn(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> list[Any]:
+    """One turn of `prompt` from empty caches (every run starts cold, like the baseline): its events,
+    the last a Done; the engine's refusal (a block past the draft's, a prompt past the context) is one line."""
+    conv.state.reset()
+    events = list(conv.generate_tokens(prompt, settings))
+    if events[-1].type != "done":
+        raise UserError(getattr(events[-1], "message", "generation failed"))
+    return events
+
+
 def run_dflash(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> RunFigures:
-    conv.state.reset()  # every run starts cold, like the baseline
-    done: Optional[Done] = None
-    for ev in conv.generate_tokens(prompt, settings):
-        if ev.type == "error":  # the engine's refusal (a block past the draft's, a prompt past the context): one line
-            raise UserError(ev.message)
-        if ev.type == "done":
-            done = ev
-    assert done is not None
+    done: Done = fresh_turn(conv, prompt, settings)[-1]
     s = done.stats
     cycles = max(1, s["cycles"])
     phases = {k: s[f"{k}_ms"] / cycles for k in ("draft", "verify", "rollback")}

@@ -21,7 +21,7 @@ from typing import Any, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from dflash_tui.bench.exactness import fresh_turn
+from dflash_tui.bench.compare import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.draft import load_draft
 from dflash_tui.engine.draft_quant import quantize_draft

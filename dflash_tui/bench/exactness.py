@@ -32,6 +32,7 @@ from typing import Any, Optional, Union
 
 import mlx.core as mx
 
+from dflash_tui.bench.compare import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.loading import Pair, load_pair
 
@@ -63,15 +64,6 @@ def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: in
             break
         out.append(r.token)
     return out
-
-
-def fresh_turn(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> list[Any]:
-    """One turn of `prompt` from empty caches: its events, the last a Done (else RuntimeError)."""
-    conv.state.reset()
-    events = list(conv.generate_tokens(prompt, settings))
-    if events[-1].type != "done":
-        raise RuntimeError(getattr(events[-1], "message", "generation failed"))
-    return events
 
 
 def _reported(row: Comparison) -> Comparison:

@@ -65,6 +65,7 @@ import struct
 import mlx.core as mx
 
 from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
+from dflash_tui.engine import decode_layout
 from dflash_tui.engine.decode_layout import buffer_rows, laid_out
 
 MAX_ROWS = 16
@@ -298,7 +299,7 @@ def per_query_attention(q: mx.array, keys: mx.array, values: mx.array, scale: fl
         q_step = mx.contiguous(by_token[:, i : i + 1]).transpose(0, 2, 1, 3)
         n = S - L + i + 1
         k, v = keys, values
-        if on_cuda():
+        if decode_layout.wanted():
             size = buffer_rows(n)
             if size not in buffers:
                 buffers[size] = laid_out(keys, S, size), laid_out(values, S, size)

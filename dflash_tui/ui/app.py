@@ -63,8 +63,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.loaded_config = config or load_config()
         cfg = self.loaded_config.config
         self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file
-        self.block_chosen = "block_size" in self.loaded_config.given  # else the pair decides (PairLoading.block_for)
-        self.block_set = self.options.block_size  # the block size the app itself put in options last
+        # the block size the app put in options for the pair (PairLoading.block_for); None once it is the user's
+        self.block_default = None if "block_size" in self.loaded_config.given else self.options.block_size
         self._initial = (model or cfg.model or None, draft or (cfg.draft if not model else None) or None)
         self.trust_remote_code = cfg.trust_remote_code if trust_remote_code is None else trust_remote_code
         self.probe_tokens = cfg.baseline_probe_tokens if probe_tokens is None else probe_tokens
@@ -189,7 +189,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
 
     def change_setting(self, key: str, value: Any) -> None:
         setattr(self.options, key, value)
-        self.block_chosen = self.block_chosen or key == "block_size"
+        if key == "block_size":
+            self.block_default = None
         self.meter.set_settings(self.meter_settings())
         note = " (from the next reply)" if self.generating else ""
         self.notify(f"{_SETTING_LABELS.get(key, key)} set to {self.describe_setting(key)}{note}", timeout=3)

@@ -41,7 +41,7 @@ class PairLoading:
         """The block size a pair starts with: the user's if they chose one (config.toml, a flag, /block, or
         set on the app before it runs); else the demo pair drafts its own size always (it is there to show
         acceptance, even where drafting is slower than the target alone) and any other pair adapts (auto)."""
-        if self.block_chosen or self.options.block_size != self.block_set:
+        if self.options.block_size != self.block_default:
             return self.options.block_size
         return 0 if is_demo_path(model) else self.loaded_config.config.block_size
 
@@ -104,16 +104,17 @@ class PairLoading:
             self.chat.add_note(f"Loaded {target} in {message.seconds:.1f} s with no draft "
                                f"({message.no_draft or 'none given'}): the target runs alone.")
         if pending is not None:
-            self.block_chosen = self.block_chosen or self.options.block_size != self.block_set
-            self.options.block_size = self.block_set = self.block_for(pending.model)
-            if message.draft and server is None and not self.block_chosen and is_demo_path(pending.model):
+            users = self.options.block_size != self.block_default
+            self.options.block_size = self.block_for(pending.model)
+            self.block_default = None if users else self.options.block_size
+            if message.draft and server is None and not users and is_demo_path(pending.model):
                 self.chat.add_note(f"The demo drafts blocks of {message.block_size} always, to show acceptance, even "
                                    "where drafting is slower than the target alone (the meter says which); /block "
                                    "auto adapts instead.")
         block = self.options.block_size
         too_big = isinstance(block, int) and message.draft and block_too_big(block, message.block_size)
         if too_big:
-            self.options.block_size = self.block_set = 0
+            self.options.block_size = 0
             self.chat.add_note(f"{too_big}. Using the draft's own, {message.block_size}.", "warning")
         self.meter.set_settings(self.meter_settings())
         if pending is not None and pending.remember:
