@@ -621,6 +621,10 @@ async def test_engine_messages_after_the_screens_are_gone_are_dropped(qwen3_dirs
     app = make_app(qwen3_dirs)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
+        # shutting down, Textual prunes a screen's widgets before it empties the stack
+        await app._prune(app.main_screen)
+        assert app.screen_stack and not app.main_screen.query("#meter")
+        app.on_memory_sample(msg.MemorySample(1, 2, 3))
     assert not app.screen_stack
     app.on_memory_sample(msg.MemorySample(1, 2, 3))
     app.on_engine_notice(msg.EngineNotice("late"))

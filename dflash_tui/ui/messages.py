@@ -135,18 +135,24 @@ class EngineNotice(Message):
         self.severity = severity
 
 
+def _shown(app) -> bool:
+    """The app's first screen is up: Textual empties the stack only after it has pruned the screens'
+    widgets, and a screen being pruned or closed is no longer displayed."""
+    return bool(app.screen_stack) and app.screen_stack[0].display
+
+
 def while_shown(handler):
-    """An engine message handler that does nothing once the app's screens are gone: the
-    engine thread may still post while the app shuts down."""
+    """An engine message handler that does nothing once the app's screens are being torn down:
+    the engine thread may still post while the app shuts down."""
     if inspect.iscoroutinefunction(handler):
         @functools.wraps(handler)
         async def guarded_async(self, message):
-            if self.screen_stack:
+            if _shown(self):
                 return await handler(self, message)
         return guarded_async
 
     @functools.wraps(handler)
     def guarded(self, message):
-        if self.screen_stack:
+        if _shown(self):
             return handler(self, message)
     return guarded
