@@ -196,3 +196,44 @@ def test_plain_mlx_lm_is_untouched(hybrid_dirs, hybrid_pair):
     got = [r.token for r in mlx_lm.stream_generate(hybrid_pair.target.model, tokenizer, ids, max_tokens=32)]
     assert got == want
     assert type(fresh.language_model.model.layers[0].linear_attn).__name__ == "GatedDeltaNet"
+
+
+def _forward_rows(model, run) -> list[int]:
+    """The row count of every forward of `model` while `run()` runs (its first layer's inputs)."""
+    layer = model.layers[0]
+    base = type(layer)
+    rows: list[int] = []
+
+    def __call__(self, x, *args, **kwargs):
+        rows.append(x.shape[1])
+        return base.__call__(self, x, *args, **kwargs)
+
+    layer.__class__ = type("Counting" + base.__name__, (base,), {"__call__": __call__})
+    try:
+        run()
+    finally:
+        layer.__class__ = base
+    return rows
+
+
+def test_prefill_runs_mlx_lms_pieces(hybrid_pair):
+    """The prompt goes through the target in mlx-lm's prefill pieces, each whole (chunks of the
+    body, then the last token alone): on a GPU a row may round with its forward's row count, so
+    another split would start decoding from another state than `stream_generate`."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from dflash_tui.engine.state import DecodeState
+
+    target = hybrid_pair.target
+    ids = prompt_ids(hybrid_pair, "count the pieces")
+    assert len(ids) > 17
+    model = target.model
+    theirs = _forward_rows(model, lambda: next(generate_step(mx.array(ids), model, max_tokens=1, prefill_step_size=8)))
+    state = DecodeState(target, hybrid_pair.draft)
+    ours = _forward_rows(model, lambda: state.prefill(ids, chunk=8))
+    body = len(ids) - 1
+    assert ours == [8] * (body // 8) + ([body % 8] if body % 8 else []) + [1]
+    assert theirs[: len(ours)] == ours  # then mlx-lm's first decode step
+    # a regenerate's truncation point, the prompt end minus one, still has its snapshot
+    assert state.target_cache.snapshots[-1].length == len(ids) - 1

@@ -8,8 +8,9 @@ record, never re-running the target.
 
 Multi-turn reuse needs truncation to an earlier point, which a recurrent state
 cannot do either: the target cache keeps snapshots of the linear-layer states
-just before the last token of each prefill forward (a turn's prompt end minus
-one, the point a regenerate or a re-rendered next turn truncates to), and a
+at the start of each prefill piece (the prompt's last token is one, so a turn's
+prompt end minus one, the point a regenerate or a re-rendered next turn
+truncates to, is kept), and a
 truncation lands on the latest snapshot at or before the requested point; the
 caller then prefills the rest. A snapshot holds references to arrays the
 cache already computed (about 50 MB for a Qwen3.5-4B shape); `max_snapshots`
@@ -85,23 +86,16 @@ class HybridTarget(Target):
     def forward(self, tokens: mx.array, cache: list[Any], last_only: bool = False) -> tuple[mx.array, Optional[mx.array]]:
         if not isinstance(cache, HybridCache):
             return super().forward(tokens, cache, last_only=last_only)
-        if not last_only or self.max_snapshots <= 0:
-            out = super().forward(tokens, cache, last_only=last_only)
-            cache.length += tokens.shape[1]
-            return out
-        # a prefill forward: snapshot just before its last token, the point a regenerate or a
-        # re-rendered turn truncates to; mlx-lm's own prefill also runs the last token alone
-        n = tokens.shape[1]
-        head_feats = None
-        if n > 1:
-            _, head_feats = super().forward(tokens[:, :-1], cache, last_only=True)  # its logits are never evaluated
-            cache.length += n - 1
-        self._snapshot(cache)
-        logits, feats = super().forward(tokens[:, -1:], cache, last_only=True)
-        cache.length += 1
-        if head_feats is not None and feats is not None:
-            feats = mx.concatenate([head_feats, feats], axis=1)
-        return logits, feats
+        if last_only and self.max_snapshots > 0:
+            # a prefill piece: snapshot where it starts. The prompt's last token is a piece of its own
+            # (DecodeState.prefill, as mlx-lm's prefill runs it), so the point a regenerate or a
+            # re-rendered turn truncates to, its prompt end minus one, has a snapshot. The piece runs
+            # whole: on a GPU a row may round with its forward's row count, and mlx-lm's prefill
+            # runs the same pieces
+            self._snapshot(cache)
+        out = super().forward(tokens, cache, last_only=last_only)
+        cache.length += tokens.shape[1]
+        return out
 
     def _snapshot(self, cache: HybridCache) -> None:
         if cache.length == 0:
