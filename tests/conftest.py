@@ -63,14 +63,9 @@ def tiny_target(tmp_path_factory) -> Path:
 
 def reference_tokens(pair, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens from plain `mlx_lm.stream_generate` (EOS excluded, as it reports them)."""
-    import mlx_lm
+    from dflash_tui.bench.exactness import vanilla_tokens
 
-    out = []
-    for r in mlx_lm.stream_generate(pair.target.model, pair.target.tokenizer, prompt, max_tokens=max_tokens):
-        if r.finish_reason == "stop":
-            break
-        out.append(r.token)
-    return out
+    return vanilla_tokens(pair.target.model, pair.target.tokenizer, prompt, max_tokens)
 
 
 def oracle_proposer(sequence: list[int], error_rate: float = 0.3, seed: int = 0, vocab: int = 300):
