@@ -166,6 +166,8 @@ def fenced(text: str) -> str:
 # -- Markdown ------------------------------------------------------------------------------------
 def _message_markdown(m: Message) -> list[str]:
     text = fenced(m.content) if m.role == "assistant" else m.content
+    if m.role == "system" and not text:
+        text = "*(system prompt cleared)*"
     lines = [f"## {ROLE_NAMES[m.role]}", "", text, ""]
     figures = reply_summary(m.done()) if m.role == "assistant" else ""
     if figures:

@@ -22,7 +22,7 @@ from dflash_tui.files import TooBig, read_regular_file
 from dflash_tui.model_names import model_label
 from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
 from dflash_tui.session_trace import timed_trace
-from dflash_tui.session_tree import Message, MessageTree
+from dflash_tui.session_tree import Message, MessageTree, engine_view
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a session is text; anything bigger is not one of ours
 TITLE_CHARS = 60
@@ -62,7 +62,12 @@ class Session:
 
     def conversation(self) -> list[dict[str, str]]:
         """The branch in view as the engine takes it (`Restore`): its cache reuses the common prefix."""
-        return [{"role": m.role, "content": m.content} for m in self.messages]
+        return engine_view(self.messages)
+
+    def system_prompt(self) -> str:
+        """The system prompt in effect at the end of the branch in view ("" for none)."""
+        view = self.conversation()
+        return view[0]["content"] if view and view[0]["role"] == "system" else ""
 
     # -- growing the tree (the API the chat UI calls) --------------------------------
     def add_message(self, role: str, content: str, trace: Optional[list[dict[str, Any]]] = None,
@@ -75,12 +80,20 @@ class Session:
 
     def regenerate_reply(self, content: str, trace: Optional[list[dict[str, Any]]] = None,
                          decoder: Optional[Callable[[int], str]] = None) -> Message:
-        """A new reply beside the reply in view (its sibling), now in view; the old one is kept."""
-        last = self.messages[-1] if self.tree.view else None
+        """A new reply beside the reply in view (its sibling), now in view; the old one is kept. System
+        prompts set after that reply (the new one was written under them) follow the new reply too."""
+        branch = self.messages
+        trailing = []
+        while branch and branch[-1].role == "system" and len(branch) > 1 and branch[-2].role in ("assistant", "system"):
+            trailing.insert(0, branch.pop())
+        last = branch[-1] if branch else None
         message = self._message("assistant", content, trace, decoder)
-        if last is not None and last.role == "assistant":
-            return self.tree.add_sibling(last.id, message)
-        return self.tree.append(message)
+        if last is None or last.role != "assistant":
+            return self.tree.append(message)
+        self.tree.add_sibling(last.id, message)
+        for system in trailing:
+            self.tree.append(Message("system", system.content))
+        return message
 
     def edit(self, message_id: str, content: str) -> Message:
         """An edited copy of an earlier message beside it: the conversation forks there, the old branch

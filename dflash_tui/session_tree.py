@@ -234,6 +234,16 @@ class MessageTree:
         return tree
 
 
+def engine_view(messages: Iterable[Message]) -> list[dict[str, str]]:
+    """A branch as the engine takes it (`Restore`): the system prompt last set on it at the top (a
+    /system mid-conversation is recorded where it was set, and an empty one clears it, as the
+    engine applies it to the whole conversation), then the turns."""
+    branch = list(messages)
+    system = next((m.content for m in reversed(branch) if m.role == "system"), "")
+    turns = [{"role": m.role, "content": m.content} for m in branch if m.role != "system"]
+    return ([{"role": "system", "content": system}] if system else []) + turns
+
+
 def linear(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """One branch as tree fields: ids m1..mN, each the parent of the next (an older file's messages)."""
     ids = [f"m{i + 1}" for i in range(len(messages))]

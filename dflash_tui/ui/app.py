@@ -80,6 +80,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             self.engine = EngineWorker(self.post_message)
         self.baseline = False
         self.system_prompt = cfg.system or ""
+        self._system_after_turn: Optional[str] = None  # a /system set while a reply streamed, recorded after it
         self.model_state = "none"  # none | loading | ready | failed
         self.target_name: Optional[str] = None
         self.draft_name: Optional[str] = None
@@ -208,6 +209,12 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             self.chat.add_system(text)
         else:
             self.chat.add_note("System prompt cleared.")
+        if self.session is not None and self.session.messages:  # kept where it was set, like any message
+            if self.generating:
+                self._system_after_turn = text  # the reply streaming now was written without it
+                return
+            self.session.add_message("system", text, None)
+            self.save_session(announce=False)
 
     @while_shown
     def on_memory_sample(self, message: msg.MemorySample) -> None:
@@ -328,7 +335,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.render_messages(session, session.messages)  # each with its id and versions (ui/branching.py)
         # another engine's token ids mean nothing to this tokenizer: its cycles are for its replay
         self.show_trace(None if elsewhere else reply_for(session.messages, None))
-        self.system_prompt = next((m["content"] for m in messages if m["role"] == "system"), "")
+        self.system_prompt = session.system_prompt()
         self.chat.add_note(f"Opened session “{session.title}”.")
         if elsewhere:
             self.chat.add_note(elsewhere_note(saved, self.target_name, here))
@@ -408,6 +415,9 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
                 self.session.add_message("assistant", reply, list(self._recorder.trace))
             else:  # regenerated: a sibling of the reply in view, which the session keeps
                 self.session.regenerate_reply(reply, list(self._recorder.trace))
+            if self._system_after_turn is not None:
+                self.session.add_message("system", self._system_after_turn, None)
+                self._system_after_turn = None
             if self.baseline_tps:
                 self.session.baseline_tps = self.baseline_tps
         except Exception as exc:  # recording must never break the chat

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dflash_tui.engine.events import Block
-from dflash_tui.session_tree import Message
+from dflash_tui.session_tree import Message, engine_view
 from dflash_tui.ui.chat_view import MessageBlock, UserMessage
 from dflash_tui.ui.prompt import PromptBox, message_text, prompt_text
 from dflash_tui.ui.turns import reply_footer
@@ -26,7 +26,7 @@ DELETE_QUESTION = ("Delete this message and its reply?\n\nThe turns after them m
 
 def as_conversation(messages: Sequence[Message]) -> list[dict[str, str]]:
     """Messages as the engine takes them (`Restore`)."""
-    return [{"role": m.role, "content": m.content} for m in messages]
+    return engine_view(messages)
 
 
 def reply_for(messages: Sequence[Message], message_id: Optional[str]) -> Optional[Message]:
@@ -44,6 +44,7 @@ class Branching:
     """The branch part of the app: edit, versions, delete a pair, and showing the branch in view."""
 
     session: Any
+    system_prompt: str
     generating: bool
 
     # -- showing the branch in view ---------------------------------------------------------
@@ -76,6 +77,7 @@ class Branching:
         await self.chat.clear()
         self.render_messages(session, session.messages)
         self.show_trace(reply_for(session.messages, focus))
+        self.system_prompt = session.system_prompt()
         self.engine.submit(Restore(session.conversation()))
         if focus is not None:
             self.call_after_refresh(self._focus_message, focus)
@@ -90,7 +92,9 @@ class Branching:
         user_block, reply_block = self._turn_blocks
         self._turn_blocks = (None, None)
         messages = self.session.messages if self.session is not None else []
-        pairs = [(reply_block, messages[-1:]), (user_block, messages[-2:-1])]
+        # the reply is the last one in view (system prompts set after it may follow), its user message before it
+        at = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=len(messages) - 1)
+        pairs = [(reply_block, messages[at : at + 1]), (user_block, messages[at - 1 : at] if at > 0 else [])]
         for block, found in pairs:
             if block is not None and found:
                 block.set_branch(found[0].id, self.session.siblings(found[0].id))
@@ -173,7 +177,9 @@ class Branching:
         self.prompt.remember(event.text)
         await self.chat.clear()
         self.render_messages(self.session, before)
-        self.engine.submit(Restore(as_conversation(before)))
+        restored = as_conversation(before)
+        self.system_prompt = restored[0]["content"] if restored and restored[0]["role"] == "system" else ""
+        self.engine.submit(Restore(restored))
         text = event.text[1:] if event.text.startswith("//") else event.text  # '//' is a literal '/', as in a send
         self.start_turn(text, edit_of=message.id)  # recorded once the reply is done (app._record_turn)
 

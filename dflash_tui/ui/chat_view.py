@@ -93,6 +93,8 @@ def code_blocks(markdown: str) -> list[str]:
     return [m.group("body").rstrip("\n") for m in _FENCE.finditer(markdown)]
 
 
+CLEARED = "(system prompt cleared)"  # an empty system message: /system with no text
+
 class MessageHeader(Static):
     """The role line; its copy links act on the message it heads."""
 
@@ -218,7 +220,7 @@ class SystemPromptMessage(MessageBlock):
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
-        yield Static(visible(self.raw_text), markup=False, classes="message-body")
+        yield Static(visible(self.raw_text) if self.raw_text else CLEARED, markup=False, classes="message-body")
 
 
 class AssistantMessage(MessageBlock):

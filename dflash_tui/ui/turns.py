@@ -23,6 +23,7 @@ UI_BUDGET = 0.03  # while a reply streams, the UI thread aims to use at most thi
 MAX_HOLD_S = 1.0  # however costly a batch was to draw, the next one comes within this
 SETTLE_FRAMES = 3  # drawn frames between a turn's start and the engine getting it
 SETTLE_TIMEOUT_S = 0.5  # however long the drawing takes, the engine gets the turn within about this
+QUIT_WAIT_S = 5.0  # ctrl+q while a reply streams: the longest the app waits for it to stop and be saved
 
 
 def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
@@ -68,6 +69,22 @@ class TurnStreaming:
         self._turn_blocks: tuple[Optional[UserMessage], Optional[AssistantMessage]] = (None, None)
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
         self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
+        self._quitting = False  # ctrl+q came while a reply streamed: quit once it is saved
+
+    async def action_quit(self) -> None:
+        """ctrl+q: a reply still streaming stops after its cycle and is saved first, as Esc keeps it;
+        a second ctrl+q, or an engine that has not stopped within QUIT_WAIT_S, quits at once."""
+        if not self.generating or self._quitting:
+            self.exit()
+            return
+        self._quitting = True
+        self.action_stop()
+        self.notify("Saving the reply, then quitting… (ctrl+q again quits now)", timeout=QUIT_WAIT_S)
+        self.set_timer(QUIT_WAIT_S, self.exit)
+
+    def _quit_if_asked(self) -> None:
+        if self._quitting:
+            self.exit()
 
     def start_turn(self, text: Optional[str], edit_of: Optional[str] = None) -> None:
         """Send `text` (None: regenerate the last reply); `edit_of`: the message it replaces, in a fork."""
@@ -168,6 +185,7 @@ class TurnStreaming:
         self.acceptance.show_figures()
         self._end_turn()
         self._record_turn(ev.text)
+        self._quit_if_asked()
 
     @while_shown
     def on_turn_failed(self, message: msg.TurnFailed) -> None:
@@ -179,6 +197,7 @@ class TurnStreaming:
         self.chat.add_note(message.message, "error")
         self._end_turn()
         self.after_failed_turn(message.message)
+        self._quit_if_asked()
 
     def after_failed_turn(self, reason: str) -> None:
         """Hook: what else a failed turn undoes (an edit, in ui/branching.py)."""
