@@ -3,7 +3,8 @@
 Reads take regular files only, size-checked before a byte is read: a fifo
 named `*.json` would block forever, a link to /dev/zero would never end.
 Writes go to a temp file in the same folder and replace the old one whole;
-temp files a killed process left behind are swept later.
+temp files a killed process left behind are swept later. A file written to a
+path the user gave never replaces one there and never creates a folder.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ class NotRegularFile(OSError):
 
 class TooBig(OSError):
     """Bigger than the caller's limit."""
+
+
+class Refused(OSError):
+    """A write refused before a byte was written (a missing folder, a name taken); the message says why."""
 
 
 def read_regular_file(path: Path, max_bytes: int) -> bytes:
@@ -66,6 +71,48 @@ def atomic_write(path: Path, payload: bytes) -> None:
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        raise
+
+
+def write_new_file(path: Path, payload: bytes) -> None:
+    """Write a file that does not exist yet into a folder that does; Refused otherwise. Never creates a
+    folder, never replaces a file, never leaves half a file."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise Refused(f"{'not a folder' if folder.exists() else 'no such folder'}: {folder}")
+    if os.path.lexists(path):
+        raise Refused(f"already exists: {path}")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _link_new(tmp, path, payload)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _link_new(tmp: str, path: Path, payload: bytes) -> None:
+    """Give the written temp file its name; a link, unlike a rename, fails where the name was taken meanwhile."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        raise Refused(f"already exists: {path}") from None
+    except OSError:
+        pass  # no hard links on this file system: create the name exclusively and write it there
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise Refused(f"already exists: {path}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
         raise
 
 

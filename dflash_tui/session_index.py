@@ -8,6 +8,10 @@ use compares the folder with the stamps and reads only what changed, so a
 file enters the index only through the same checks as a load: a hostile file
 is a problem line, never a row.
 
+The index holds every message, so it and SQLite's side files (journal, WAL)
+are private to their owner (0600) like the sessions: made so before SQLite
+opens it, and an older, wider one narrowed.
+
 A corrupt or foreign index file is deleted and rebuilt; one that is not a
 regular file is left alone. Where the index cannot be written (a read-only
 folder, a lock held too long) it is built in memory (from the file on disk
@@ -35,6 +39,7 @@ INDEX_VERSION = "1"
 CHUNK = 256  # files read between two writes: a long first build shows progress to other instances
 BUSY_TIMEOUT_S = 5.0
 MAX_SQL_INT = 2**63 - 1
+SIDE_FILES = ("-journal", "-wal", "-shm")  # what SQLite may keep beside the index file
 
 _TABLES = {
     "meta": "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) STRICT",
@@ -149,6 +154,10 @@ class SessionIndex:
             return self._memory()
         if st is not None and not stat.S_ISREG(st.st_mode):
             return self._memory(from_disk=False)  # a link, fifo or folder under our name: never opened
+        if st is None:
+            _create_private(self.path)
+        for path in (self.path, *(Path(f"{self.path}{side}") for side in SIDE_FILES)):
+            _make_private(path)
         for attempt in (1, 2):
             conn: Optional[sqlite3.Connection] = None
             try:
@@ -272,6 +281,11 @@ class SessionIndex:
         rows = conn.execute(f"SELECT {_COLUMNS} FROM sessions ORDER BY updated DESC, id DESC")
         return self._summaries(rows)
 
+    def ids_starting(self, conn: sqlite3.Connection, prefix: str) -> list[str]:
+        """Ids of the sessions (files that read as valid ones) whose id starts with `prefix`."""
+        rows = conn.execute("SELECT id FROM sessions WHERE substr(id, 1, ?) = ? ORDER BY id", (len(prefix), prefix))
+        return [sid for (sid,) in rows]
+
     def problems(self, conn: sqlite3.Connection) -> list[str]:
         return [p for (p,) in conn.execute("SELECT problem FROM files WHERE problem IS NOT NULL ORDER BY name")]
 
@@ -310,6 +324,32 @@ class SessionIndex:
             out.append(SessionSummary(sid, title, target, draft, created, updated, messages, turns, tokens, tpc,
                                       prefix + sid + ".json", label, branches))
         return out
+
+
+def _create_private(path: Path) -> None:
+    """An empty index file only its owner can read: SQLite then keeps it (and gives its side files) that mode."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        os.close(os.open(path, flags, 0o600))
+    except OSError:  # made by another instance meanwhile, or a read-only folder (the index goes in memory)
+        pass
+
+
+def _make_private(path: Path) -> None:
+    """Narrow a regular file that others may read (an index made before this rule) to its owner; never follows
+    a link, and leaves alone what it cannot change."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _meta() -> dict[str, str]:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-from dflash_tui.files import atomic_write, read_regular_file, sweep_stale_temps
+from dflash_tui.files import atomic_write, read_regular_file, sweep_stale_temps, write_new_file
 from dflash_tui.session_export import export_text, to_json, to_markdown
 from dflash_tui.session_index import SearchHit, SessionIndex
 from dflash_tui.session_record import (
@@ -42,8 +43,8 @@ from dflash_tui.session_trace import TraceRecorder, timed_trace
 from dflash_tui.session_tree import Message
 
 __all__ = ["FORMAT", "ROLES", "SCHEMA_VERSION", "Message", "SearchHit", "Session", "SessionError", "SessionStore",
-           "SessionSummary", "TraceRecorder", "export_text", "first_prefill", "make_title", "read_session",
-           "reply_summary", "session_from_dict", "timed_trace", "to_json", "to_markdown"]
+           "SessionSummary", "StoreUnusable", "TraceRecorder", "export_text", "first_prefill", "make_title",
+           "read_session", "reply_summary", "session_from_dict", "timed_trace", "to_json", "to_markdown"]
 
 
 # -- the store ---------------------------------------------------------------------
@@ -51,6 +52,28 @@ def default_root() -> Path:
     from dflash_tui.config import data_dir  # $DFLASH_TUI_DATA_DIR or the platform's user data dir
 
     return data_dir() / "sessions"
+
+
+class StoreUnusable(SessionError):
+    """The sessions folder cannot be used: a file where it (or a folder above it) should be, or unreadable."""
+
+
+def folder_problem(root: Path) -> Optional[str]:
+    """Why `root` cannot hold sessions, or None (a folder not made yet is fine: the first save makes it)."""
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        above = next((p for p in reversed(root.parents) if p.exists() and not p.is_dir()), root.parent)
+        return f"{above} is not a folder"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a folder"
+    if not os.access(root, os.R_OK | os.X_OK):
+        return "it cannot be read (permission denied)"
+    return None
 
 
 def _stamp(path: Path) -> Optional[tuple[int, int, int]]:
@@ -66,6 +89,13 @@ class SessionStore:
 
     def __init__(self, root: Optional[Path] = None) -> None:
         self.root = Path(root) if root is not None else default_root()
+
+    def check(self) -> None:
+        """Raise StoreUnusable, one line saying why, when the folder cannot hold sessions. `list` and `search`
+        do not call it (they find nothing there); looking a session up by id does."""
+        problem = folder_problem(self.root)
+        if problem is not None:
+            raise StoreUnusable(f"cannot use the sessions folder {self.root}: {problem}")
 
     def path_for(self, session_id: str) -> Path:
         if not valid_id(session_id):
@@ -150,15 +180,22 @@ class SessionStore:
         """The id of the one session whose id is `text` or starts with it; SessionError otherwise."""
         if not valid_id(text):
             raise SessionError(f"not a session id: {text!r}")
+        self.check()
         if (self.root / f"{text}.json").is_file():
             return text
         found = self.ids_starting(text)
+        if len(found) > 1:  # only then read them: files that `list` skips are no candidates
+            found = self._readable_ids(text) or found
         if len(found) == 1:
             return found[0]
         if not found:
             raise SessionError(f"no session {text!r} in {self.root}")
         shown = ", ".join(found[:4]) + (", …" if len(found) > 4 else "")
         raise SessionError(f"{len(found)} sessions start with {text!r} ({shown}): give more of the id")
+
+    def _readable_ids(self, prefix: str) -> list[str]:
+        index = SessionIndex(self.root)
+        return self._index(lambda conn: index.ids_starting(conn, prefix)) or []
 
     def resolve(self, id_or_path: Union[str, Path]) -> Path:
         """A session id in this store, or a unique prefix of one, or a path to a session file (read only)."""
@@ -211,6 +248,7 @@ class SessionStore:
         """Remove a session (its full id). Only a file that reads as a valid session is removed."""
         path = self.path_for(session_id)
         if not path.is_file():
+            self.check()
             raise SessionError(f"no session {session_id!r} in {self.root}")
         session = read_session(path)  # raises for a broken or foreign file: those are left alone
         if session.id != session_id:
@@ -226,13 +264,17 @@ class SessionStore:
 
     def export(self, session: Session, fmt: str, dest: Optional[Path] = None, message: Optional[str] = None,
                branch: Optional[str] = None) -> Path:
-        """Write a Markdown or JSON export (see session_export); default under the data dir's `exports/`."""
-        text = export_text(session, fmt, message=message, branch=branch)
-        if dest is None:
-            part = message or branch
-            suffix = f"-{part}" if part and valid_id(part) else ""
-            dest = self.root.parent / "exports" / f"{session.id}{suffix}.{'json' if fmt == 'json' else 'md'}"
-        dest = Path(dest).expanduser()
+        """Write a Markdown or JSON export (see session_export); default under the data dir's `exports/`
+        (made if need be, an earlier export of the same replaced). A `dest` given must be a new file in a
+        folder that exists: files.Refused (an OSError) otherwise."""
+        payload = export_text(session, fmt, message=message, branch=branch).encode("utf-8")
+        if dest is not None:
+            dest = Path(dest).expanduser()
+            write_new_file(dest, payload)
+            return dest
+        part = message or branch
+        suffix = f"-{part}" if part and valid_id(part) else ""
+        dest = self.root.parent / "exports" / f"{session.id}{suffix}.{'json' if fmt == 'json' else 'md'}"
         dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, text.encode("utf-8"))
+        atomic_write(dest, payload)
         return dest

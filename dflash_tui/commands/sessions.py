@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from dflash_tui.errors import UserError
+from dflash_tui.files import Refused
 from dflash_tui.printable import one_line, printable, terminal_json
 
 SESSION_HELP = "an id, a unique prefix of one, or a path to a session file"
@@ -32,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("export", help="write a session, a branch or one message as Markdown or JSON")
     p.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     p.add_argument("--format", "-f", choices=("markdown", "md", "json"), default="markdown")
-    p.add_argument("--output", "-o", metavar="PATH", help="write here (default: standard output)")
+    p.add_argument("--output", "-o", metavar="PATH",
+                   help="write a new file here, in a folder that exists (default: standard output)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--message", metavar="N|ID", help="only this message (its number in `show`, or its id)")
     which.add_argument("--branch", metavar="ID", help="the branch through this message id (default: the one in view)")
@@ -56,6 +58,7 @@ def _line(s) -> str:
 
 
 def _list(store, args) -> int:
+    store.check()  # a file where the folder should be: say so, never "0 session(s)"
     summaries, problems = store.list()
     if args.json:
         print(terminal_json(json.dumps({"folder": str(store.root), "sessions": [s.to_dict() for s in summaries],
@@ -71,6 +74,7 @@ def _list(store, args) -> int:
 
 
 def _search(store, args) -> int:
+    store.check()
     hits, problems = store.search(args.text, snippets=max(0, args.snippets))
     if args.json:
         found = [dict(h.summary.to_dict(), snippet=h.snippet) for h in hits]
@@ -123,6 +127,8 @@ def _export(store, args) -> int:
         if args.output:
             try:
                 path = store.export(session, args.format, Path(args.output), message=args.message, branch=args.branch)
+            except Refused as exc:  # a missing folder or a file already there: the message says which
+                raise UserError(str(exc)) from None
             except OSError as exc:
                 raise UserError(f"could not write {args.output}: {exc.strerror or exc}") from None
             print(f"wrote {one_line(path)}", file=sys.stderr)

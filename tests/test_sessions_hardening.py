@@ -1,0 +1,140 @@
+"""Sessions from an audit: a private index, a data dir that is a file, exports that never make folders or
+replace files, ambiguous prefixes that count only readable sessions. Through the real CLI."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from dflash_tui.cli import main
+from dflash_tui.files import Refused
+from dflash_tui.session_index import INDEX_NAME
+from dflash_tui.sessions import Session, SessionStore, StoreUnusable
+
+
+def _saved(store: SessionStore, text: str = "a private question") -> Session:
+    s = store.new("org/target-8B", None, {"temperature": 0.0})
+    s.add_message("user", text)
+    s.add_message("assistant", "an answer")
+    store.save(s)
+    return s
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def store() -> SessionStore:
+    return SessionStore()  # $DFLASH_TUI_DATA_DIR/sessions: a temp folder (conftest)
+
+
+@pytest.fixture
+def wide_umask():
+    old = os.umask(0o022)  # the usual umask, under which SQLite made the index 0644
+    yield
+    os.umask(old)
+
+
+def _private(path: Path) -> bool:
+    return stat.S_IMODE(os.stat(path).st_mode) & 0o077 == 0
+
+
+# -- 1. the index holds every message: only its owner reads it --------------------------------------
+def test_the_index_and_its_journal_are_private(store, capsys, wide_umask):
+    _saved(store)
+    rc, out, _err = _run(capsys, "sessions", "list")
+    assert rc == 0 and "a private question" in out
+    index = store.root / INDEX_NAME
+    assert _private(index)
+    conn = sqlite3.connect(index, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO meta VALUES ('probe', 'x')")  # a write in progress: a journal beside it
+        journal = Path(f"{index}-journal")
+        assert journal.exists() and _private(journal)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_an_index_others_could_read_is_narrowed(store, capsys, wide_umask):
+    _saved(store)
+    assert _run(capsys, "sessions", "list")[0] == 0
+    index = store.root / INDEX_NAME
+    os.chmod(index, 0o644)  # as an earlier version left it
+    assert _run(capsys, "sessions", "search", "private")[0] == 0
+    assert _private(index)
+
+
+# -- 2. a data dir that is a file --------------------------------------------------------------------
+ACTIONS = [("list",), ("list", "--json"), ("search", "x"), ("show", "2026"), ("export", "2026"),
+           ("delete", "2026", "--yes")]
+
+
+@pytest.mark.parametrize("args", ACTIONS)
+def test_a_data_dir_that_is_a_file_is_one_clear_error(tmp_path, monkeypatch, capsys, args):
+    datafile = tmp_path / "datafile"
+    datafile.write_text("hi\n")
+    monkeypatch.setenv("DFLASH_TUI_DATA_DIR", str(datafile))
+    rc, out, err = _run(capsys, "sessions", *args)
+    assert rc == 1 and out == ""
+    assert err == f"dflash-tui: cannot use the sessions folder {datafile / 'sessions'}: {datafile} is not a folder\n"
+    assert datafile.read_text() == "hi\n"
+
+
+def test_a_sessions_folder_that_is_a_file(store, capsys):
+    store.root.parent.mkdir(parents=True)
+    store.root.write_text("not a folder")
+    rc, out, err = _run(capsys, "sessions", "list")
+    assert (rc, out) == (1, "") and err.endswith(f"{store.root}: it is not a folder\n")
+    with pytest.raises(StoreUnusable, match="it is not a folder"):  # what the app can catch (a SessionError)
+        store.load("2026")
+
+
+# -- 3. exports to a path the user gave --------------------------------------------------------------
+def test_export_never_creates_folders(store, tmp_path, capsys):
+    s = _saved(store)
+    dest = tmp_path / "nonexistent" / "dir" / "x.md"
+    rc, out, err = _run(capsys, "sessions", "export", s.id, "-o", str(dest))
+    assert (rc, out, err) == (1, "", f"dflash-tui: no such folder: {dest.parent}\n")
+    assert not (tmp_path / "nonexistent").exists()
+    with pytest.raises(Refused):  # an OSError: the app's /export reports it
+        store.export(s, "markdown", dest)
+
+
+def test_export_never_replaces_a_file(store, tmp_path, capsys):
+    s = _saved(store)
+    mine = tmp_path / "notes.md"
+    mine.write_text("my notes\n")
+    rc, out, err = _run(capsys, "sessions", "export", s.id, "-o", str(mine))
+    assert (rc, out, err) == (1, "", f"dflash-tui: already exists: {mine}\n")
+    assert mine.read_text() == "my notes\n"
+    rc, _out, err = _run(capsys, "sessions", "export", s.id, "-o", str(mine / "x.md"))
+    assert rc == 1 and err == f"dflash-tui: not a folder: {mine}\n"
+    fresh = tmp_path / "fresh.md"
+    assert _run(capsys, "sessions", "export", s.id, "-o", str(fresh))[0] == 0
+    assert "a private question" in fresh.read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
+    first = store.export(s, "markdown")  # the app's own exports/ folder: made, and a newer export replaces it
+    s.add_message("user", "one more")
+    assert store.export(s, "markdown") == first and "one more" in first.read_text()
+
+
+# -- ambiguous prefixes ---------------------------------------------------------------------------------
+def test_an_ambiguous_prefix_counts_only_readable_sessions(store, capsys):
+    a, b = _saved(store), _saved(store)
+    broken = store.root / f"{a.id[:9]}999999-deadbeef.json"  # same date, same prefix, not a session
+    broken.write_text("{")
+    rc, _out, err = _run(capsys, "sessions", "show", a.id[:9])
+    assert rc == 1 and f"2 sessions start with {a.id[:9]!r}" in err and broken.stem not in err
+    assert {a.id, b.id} <= set(err.split("(")[1].split(")")[0].split(", "))
+    os.unlink(store.path_for(b.id))
+    rc, out, _err = _run(capsys, "sessions", "show", a.id[:9])  # one session left beside the broken file
+    assert rc == 0 and f"({a.id})" in out
