@@ -24,6 +24,7 @@ SCHEMA_VERSION = 3
 ROLES = ("system", "user", "assistant")
 MAX_INT = 2**53  # no count, size or id from a real run comes near this; JSON readers agree up to here
 MAX_TOKEN_ID = 2**31 - 1
+MAX_BLOCK = 1025  # the largest block: a server may speculate up to 1024 tokens a step (remote/client.py)
 
 
 def _fail(what: str) -> None:
@@ -41,8 +42,9 @@ def is_int(v: Any) -> bool:
 
 
 def is_number(v: Any) -> bool:
+    # a float as large as 1e300 is finite, and prints as 300 digits wherever a figure is shown
     kind = type(v)
-    return (kind is int and -MAX_INT <= v <= MAX_INT) or (kind is float and math.isfinite(v))
+    return (kind is int or (kind is float and math.isfinite(v))) and -MAX_INT <= v <= MAX_INT
 
 
 def _text(v: Any) -> bool:
@@ -170,7 +172,18 @@ def check_event(entry: Any, timed: bool = True) -> None:
     elif kind == "prefill":
         _check(entry["cached_tokens"] <= entry["prompt_tokens"], "more cached tokens than prompt tokens")
     elif kind == "done":
-        _check_fields(entry.get("stats") or {}, STATS, "stats")
+        stats = entry.get("stats") or {}
+        _check_fields(stats, STATS, "stats")
+        _check(_figures_possible(stats), "stats: figures no run can give (acceptance over 100%, or more tokens "
+                                         "per cycle than a block holds)")
+
+
+def _figures_possible(stats: dict[str, Any]) -> bool:
+    """Acceptance is a share of the drafted tokens; a cycle emits at most its block (a fixed size's, else
+    the largest any entry point takes)."""
+    block = stats.get("block_size")
+    cap = block if type(block) is int and block > 0 else MAX_BLOCK
+    return stats.get("acceptance", 0) <= 1 and stats.get("tokens_per_cycle", 0) <= cap
 
 
 def check_trace(trace: Any, where: str) -> list[dict[str, Any]]:
