@@ -1,5 +1,6 @@
 """Pilot tests on the real engine with the tiny pair: a system prompt set mid-conversation is saved
-where it was set and restored on reopening, and ctrl+q during a reply saves the reply before quitting."""
+where it was set and restored on reopening, ctrl+q during a reply saves the reply before quitting, and
+typing or pasting while the conversation has focus goes to the prompt."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ install_placeholders()
 from test_ui_app import SIZE, finish_turn, make_app, ready, send, wait_for  # noqa: E402
 
 from dflash_tui.sessions import SessionStore  # noqa: E402
-from dflash_tui.ui.chat_view import SystemPromptMessage  # noqa: E402
+from dflash_tui.ui.chat_view import AssistantMessage, SystemPromptMessage, UserMessage  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +88,35 @@ async def test_ctrl_q_during_a_reply_saves_it_before_quitting(qwen3_dirs):
     assert on_disk.messages[0].content == "a long story please"
     done = on_disk.messages[1].done()
     assert done is not None and done.finish_reason == "cancelled" and done.tokens
+
+
+async def test_typing_or_pasting_on_the_conversation_goes_to_the_prompt(qwen3_dirs):
+    from textual import events
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "first question")
+        await finish_turn(pilot, app)
+        app.chat.query(AssistantMessage).last().focus()
+        await pilot.pause()
+        await pilot.press("h", "i")
+        assert app.focused is app.prompt and app.prompt.text == "hi"
+
+        reply = app.chat.query(AssistantMessage).last()
+        reply.focus()
+        reply.post_message(events.Paste("\x1b[31m pasted"))
+        await wait_for(pilot, lambda: "pasted" in app.prompt.text, what="the paste to reach the prompt")
+        assert app.focused is app.prompt and "\x1b" not in app.prompt.text  # the prompt's own paste rules ran
+
+        # a key a focused message binds stays the message's: e edits it, nothing is typed
+        app.prompt.text = ""
+        app.chat.query(UserMessage).last().focus()
+        await pilot.press("e")
+        assert app.prompt.text == "first question"
+
+        app.chat.query(AssistantMessage).last().focus()
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.focused is app.prompt

@@ -284,6 +284,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         if self.system_prompt:
             self.chat.add_system(self.system_prompt)
         self.chat.add_note("New conversation.")
+        self.prompt.focus()
 
     def action_pick_model(self) -> None:
         from dflash_tui.ui.model_sources import is_url

@@ -20,6 +20,7 @@ import re
 import time
 from typing import Optional
 
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
@@ -423,6 +424,29 @@ class ChatView(VerticalScroll):
 
     def on_mount(self) -> None:
         self.anchor()
+
+    # typing or pasting while the conversation (or a message in it) has focus goes to the prompt,
+    # not nowhere; a key a focused message binds (e, c, d, ...) stays that message's
+    def _prompt(self):
+        prompt = getattr(self.app, "prompt", None)
+        return prompt if prompt is not None and self.screen is getattr(self.app, "main_screen", None) else None
+
+    def on_key(self, event: events.Key) -> None:
+        prompt = self._prompt()
+        if prompt is None or not event.is_printable or not event.character or event.key in self.screen.active_bindings:
+            return
+        event.stop()
+        event.prevent_default()
+        prompt.focus()
+        prompt.insert(event.character)
+
+    def on_paste(self, event: events.Paste) -> None:
+        prompt = self._prompt()
+        if prompt is None:
+            return
+        event.stop()
+        prompt.focus()
+        prompt.post_message(events.Paste(event.text))  # its own handler makes the text promptable
 
     def _add(self, widget):
         mounted = self.mount(widget)
