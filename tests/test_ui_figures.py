@@ -36,7 +36,7 @@ async def test_the_probe_speedup_is_on_the_meter_before_the_first_reply(qwen3_di
         state = app.meter.state
         assert not state.turns  # no reply yet
         ratio = state.probe_tps / state.baseline_tps  # the compact meter at 120 columns
-        expected = f"{ratio:.2f}× (probe): slower than the target alone" if round(ratio, 2) < 1 else \
+        expected = f"{ratio:.2f}×: slower than target alone" if round(ratio, 2) < 1 else \
             f"{ratio:.2f}× speedup (probe)"
         assert expected in _body(app), _body(app)
 

@@ -393,9 +393,9 @@ class SystemMeter(Widget):
             slower = round(speedup, 2) < 1  # as shown: 0.995 reads 1.00×, not slower
             t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
             where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
-            if compact:
+            if compact:  # the words fit a narrow meter's line; a slower figure leaves out where it came from
                 probe = " (probe)" if source == "probe" else ""
-                t.append(f"{probe}: slower than the target alone" if slower else f" speedup{probe}", label)
+                t.append(": slower than target alone" if slower else f" speedup{probe}", label)
             else:
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
                 if slower:
@@ -406,8 +406,10 @@ class SystemMeter(Widget):
                 " (the server reports no target-alone speed)" if s.where else " (no baseline measured yet)"
             t.append(" speedup" + ("" if compact else why), label)
         tpc = s.tokens_per_cycle
+        slower_words = compact and figure is not None and round(figure[0], 2) < 1 and not s.no_draft \
+            and s.mode != "baseline"
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
-            t.append(" · " if compact else "\n", label)
+            t.append(" · " if compact and not slower_words else "\n", label)
             t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
             t.append(" tok/cyc" if compact else " tokens/cycle", label)
 
