@@ -241,7 +241,9 @@ def reply_summary(done: Optional[Done]) -> str:
         return ""
     s = done.stats
     parts = [f"{s.get('generated_tokens', len(done.tokens))} tokens"]
-    if s.get("mode") == "dflash":
+    if s.get("mode") == "dflash" and s.get("cycles") == 0:
+        parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
+    elif s.get("mode") == "dflash":
         parts.append(f"{s.get('tokens_per_cycle', 0.0):.2f} tokens/cycle")
         parts.append(f"acceptance {100 * s.get('acceptance', 0.0):.0f}%")
     elif s.get("mode") == "baseline":

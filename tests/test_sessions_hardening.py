@@ -138,3 +138,17 @@ def test_an_ambiguous_prefix_counts_only_readable_sessions(store, capsys):
     os.unlink(store.path_for(b.id))
     rc, out, _err = _run(capsys, "sessions", "show", a.id[:9])  # one session left beside the broken file
     assert rc == 0 and f"({a.id})" in out
+
+
+def test_a_reply_with_no_cycle_drafted_has_no_cycle_figures():
+    """A reply's figure line (footer, replay, `sessions show`): tokens per cycle is never 0.00."""
+    from dflash_tui.engine.events import Done
+    from dflash_tui.session_record import reply_summary
+
+    drafted = Done([5, 6, 7], "abc", "stop", {"mode": "dflash", "generated_tokens": 3, "cycles": 1,
+                                               "tokens_per_cycle": 3.0, "acceptance": 0.5, "decode_tps": 9.0})
+    alone = Done([5], "a", "stop", {"mode": "dflash", "generated_tokens": 1, "cycles": 0,
+                                     "tokens_per_cycle": 0.0, "acceptance": 0.0, "decode_tps": 0.0})
+    assert "3.00 tokens/cycle" in reply_summary(drafted) and "acceptance 50%" in reply_summary(drafted)
+    line = reply_summary(alone)
+    assert "target only" in line and "tokens/cycle" not in line and "acceptance" not in line

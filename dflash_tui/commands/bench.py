@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 
 from dflash_tui.commands.common import (
-    _block_size,
+    add_block_size_argument,
     add_draft_quant_argument,
     add_model_arguments,
+    block_size_from_args,
     resolve_pair,
 )
 from dflash_tui.errors import UserError
+
+ALONE = "bench times the target alone already, next to DFlash"
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 
@@ -26,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
     parser.add_argument("--runs", type=int, default=3, metavar="N", help="runs per prompt; the median is reported")
     parser.add_argument("--cooldown", type=float, default=1.0, metavar="S", help="seconds of rest between runs")
-    parser.add_argument("--block-size", type=_block_size, default="auto", metavar="B|auto")
+    add_block_size_argument(parser, default="auto", default_text="auto")
     parser.add_argument("--temperature", type=float, default=0.0, metavar="T")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the JSON report here")
@@ -55,18 +58,25 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from dflash_tui.bench.compare import bench, format_table
+    from dflash_tui.engine.block_limit import refusal
     from dflash_tui.engine.loading import load_pair
 
     if args.runs < 1 or args.max_tokens < 2:
         raise UserError("--runs must be >= 1 and --max-tokens >= 2")
+    block = block_size_from_args(args, ALONE)
     texts = read_prompts(args)
     model, draft = resolve_pair(args)
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, draft_quant=args.draft_quant or 0)
+    draft_block = pair.draft.config.block_size
+    if block is None:
+        block = draft_block  # 0: the draft's own, named in the report
+    elif isinstance(block, int) and refusal(block, draft_block):
+        raise UserError(str(refusal(block, draft_block)))
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]
     report = bench(pair, prompts, max_tokens=args.max_tokens, runs=args.runs, cooldown=args.cooldown,
-                   block_size=args.block_size, temperature=args.temperature)
+                   block_size=block, temperature=args.temperature)
     text = json.dumps(report, indent=2)
     if args.out:
         try:

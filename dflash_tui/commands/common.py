@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+from typing import Optional, Union
 
 from dflash_tui.errors import UserError
+
+# --block-size of chat, generate, bench and serve: one rule (config.toml's and chat's), one message
+BLOCK_SIZE_RULE = "a block size is auto, 0 (the draft's own) or a number from 2 up to the draft's own"
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +35,7 @@ def _draft_quant(text: str) -> int:
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("decoding")
     g.add_argument("--max-tokens", type=int, default=512, metavar="N")
-    g.add_argument("--block-size", type=_block_size, default=None, metavar="B", help="draft block size up to the draft's own, or auto (default: the draft's own)")
+    add_block_size_argument(g, default=None, default_text="0, the draft's own")
     g.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, metavar="P")
     g.add_argument("--top-k", type=int, default=0, metavar="K")
@@ -65,7 +68,39 @@ def ranks_from_args(args: argparse.Namespace):
     return ranks
 
 
+def add_block_size_argument(parser: "argparse._ActionsContainer", default: Optional[str], default_text: str) -> None:
+    """--block-size as text; `block_size_from_args` checks it when the command runs (one line, no usage)."""
+    parser.add_argument("--block-size", default=default, metavar="B",
+                        help=f"auto (adaptive), 0 (the draft's own) or N from 2 up to the draft's own "
+                             f"(default: {default_text})")
+
+
+def parse_block_size(text: Union[str, int, None], alone: str) -> Union[int, str, None]:
+    """The rule chat and config.toml apply: "auto", 0 (the draft's own: None) or 2..; the draft's own limit
+    is checked once it is loaded (`block_limit.refusal`). `alone`: where this command runs the target alone."""
+    if text is None:
+        return None
+    from dflash_tui.config import VALIDATORS, BadValue
+
+    try:
+        value = VALIDATORS["block_size"](text)
+    except BadValue:
+        try:
+            one = int(str(text).strip()) == 1
+        except ValueError:
+            one = False
+        raise UserError(f"--block-size {text}: {BLOCK_SIZE_RULE}" + (f"; 1 drafts nothing: {alone}" if one else "")) from None
+    return None if value == 0 else value
+
+
+def block_size_from_args(args: argparse.Namespace, alone: str) -> Union[int, str, None]:
+    """Check --block-size and put the engine's value in `args.block_size` (None: the draft's own)."""
+    args.block_size = parse_block_size(args.block_size, alone)
+    return args.block_size
+
+
 def _block_size(text: str):
+    """An argparse type for bench.exactness's list of block sizes; the commands use `parse_block_size`."""
     if text == "auto":
         return "auto"
     try:

@@ -13,12 +13,16 @@ from dflash_tui.commands.common import (
     add_draft_quant_argument,
     add_model_arguments,
     add_sampling_arguments,
+    block_size_from_args,
     ranks_from_args,
     resolve_pair,
     settings_from_args,
 )
+from dflash_tui.engine.block_limit import refusal
 from dflash_tui.errors import UserError
 from dflash_tui.printable import printable
+
+ALONE = "use --baseline for the target alone"
 
 if TYPE_CHECKING:
     from dflash_tui.engine.distributed import Ranks
@@ -37,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    block_size_from_args(args, ALONE)  # before anything loads, on every rank alike
     ranks = ranks_from_args(args)
     if ranks is None:
         return _run(args, ranks)
@@ -64,6 +69,10 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     model, draft = resolve_pair(args)
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks,
                      draft_quant=args.draft_quant or 0)
+    if isinstance(settings.block_size, int) and pair.draft is not None and not args.baseline:
+        refused = refusal(settings.block_size, pair.draft.config.block_size)
+        if refused:
+            raise UserError(refused)
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
     if ranks is not None:
         conv.ranks = ranks
@@ -80,9 +89,9 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
             data = event_to_dict(event)
             if isinstance(event, Done):
                 s = event.stats
-                data.update(
-                    tokens_per_cycle=s.get("tokens_per_cycle"),
-                    acceptance=s.get("acceptance"),
+                data.update(  # no cycle drafted: no cycle figures (null), as on the closing line
+                    tokens_per_cycle=s.get("tokens_per_cycle") if s.get("cycles") else None,
+                    acceptance=s.get("acceptance") if s.get("cycles") else None,
                     tok_per_s=s.get("decode_tps"),
                 )
             out.write(json.dumps(data) + "\n")
@@ -99,11 +108,14 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
 
 
 def figures_line(done) -> str:
-    """The closing line on stderr; a target-only run has no cycles, so no cycle figures."""
+    """The closing line on stderr. Cycle figures only where a cycle drafted: a --baseline run, or a reply
+    that ended before any cycle drafted (one token; auto that kept the target alone), says "target only"."""
     s = done.stats
     parts = [f"{s['generated_tokens']} tokens", f"{s['decode_tps']:.1f} tok/s"]
     if s.get("mode") == "baseline":
         parts.append("target only (no draft)")
+    elif not s.get("cycles"):
+        parts.append("target only (no cycle drafted)")
     else:
         parts += [f"{s['tokens_per_cycle']:.2f} tokens/cycle", f"acceptance {s['acceptance']:.0%}"]
     if "ranks" in s:

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from dflash_tui.commands.common import (_block_size, add_distributed_arguments, add_draft_quant_argument,
-                                        add_model_arguments, resolve_pair)
+from dflash_tui.commands.common import (add_block_size_argument, add_distributed_arguments, add_draft_quant_argument,
+                                        add_model_arguments, block_size_from_args, resolve_pair)
 from dflash_tui.errors import UserError
 
 if TYPE_CHECKING:
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 API_KEY_ENV = "DFLASH_TUI_API_KEY"
 DEFAULT_MAX_TOKENS_LIMIT = 4096
 DEFAULT_MAX_QUEUE = 64
+ALONE = 'a request\'s "dflash": {"baseline": true} runs the target alone'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                    help=f"requests that may wait behind the running one; past it a request gets 429 (default {DEFAULT_MAX_QUEUE})")
     g.add_argument("--max-request-bytes", type=int, default=1 << 20, metavar="N", help="largest request body (default 1 MiB)")
-    g.add_argument("--block-size", type=_block_size, default=None, metavar="B|auto", help="draft block size (default: the draft's own)")
+    add_block_size_argument(g, default=None, default_text="0, the draft's own; a request's dflash.block_size overrides it")
     g.add_argument("--spec-decode-metrics", choices=("none", "summary", "detailed"), default="summary",
                    help="per-request speculative-decoding figures in responses, as vLLM's --per-request-spec-decode-metrics")
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info")
@@ -105,6 +106,7 @@ def _terminate(signum, frame) -> None:
 def run(args: argparse.Namespace) -> int:
     from dflash_tui.commands.common import ranks_from_args
 
+    block_size_from_args(args, ALONE)  # before anything loads, on every rank alike
     ranks = ranks_from_args(args)  # None unless --distributed
     if ranks is not None and not ranks.is_leader:  # rank 0 serves; the others follow its requests
         from dflash_tui.commands.serve_follower import follow_rank_0
@@ -123,6 +125,7 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
            ranks: "Optional[Ranks]" = None) -> int:
     import uvicorn
 
+    from dflash_tui.engine.block_limit import refusal
     from dflash_tui.server.app import ServerConfig, build_app
     from dflash_tui.server.engine_thread import EngineThread
     from dflash_tui.server.metrics import ServerMetrics
@@ -144,6 +147,8 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
         engine.wait_ready()
         if engine.load_error is not None:
             raise UserError(engine.load_error)
+        if isinstance(args.block_size, int) and refusal(args.block_size, engine.draft_block):
+            raise UserError(str(refusal(args.block_size, engine.draft_block)))  # not a refusal on every request
         metrics = ServerMetrics(name, engine.counts)
         engine.metrics = metrics
         limits = Limits(model_ids=(name,), max_tokens_limit=args.max_tokens_limit, block_size=args.block_size,

@@ -13,3 +13,9 @@ def past_training(block: int, draft_block: int) -> Optional[str]:
         return (f"the draft was trained to draft blocks of {draft_block} tokens, and past that it guesses "
                 "positions it never learned")
     return None
+
+
+def refusal(block: int, draft_block: int) -> Optional[str]:
+    """The whole refusal of a fixed block size past the draft's own (the app's words); None when it fits."""
+    why = past_training(block, draft_block)
+    return f"block size {block} refused: {why} (2 to {draft_block}, 0 = {draft_block}, or auto)" if why else None
