@@ -322,3 +322,27 @@ def test_a_known_pairs_download_size_comes_from_the_hub_or_is_said_unknown(monke
     assert not answered and "size unknown: no answer from the hub" in sized.detail and sized.size is None
     sized, _ = ms.with_download_size(choice, {}, ms.OFFLINE)
     assert "(size unknown offline)" in sized.detail
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_pickers_hint_wraps_inside_its_border_in_a_narrow_terminal(tmp_path, anyio_backend):
+    from pathlib import Path
+
+    from textual.app import App
+    from textual.widgets import Label
+
+    import dflash_tui.ui as ui_pkg
+
+    class Host(App):
+        CSS_PATH = str(Path(ui_pkg.__file__).parent / "app.tcss")  # the app's own styles
+
+        def on_mount(self):
+            self.push_screen(ModelPicker(cache_dir=tmp_path))  # an empty cache: the longest hint
+
+    async with Host().run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.3)
+        hint = pilot.app.screen.query_one("#picker-hint", Label)
+        box = pilot.app.screen.query_one("#picker")
+        assert "No models in your Hugging Face cache" in str(hint.render())
+        assert hint.region.right <= box.content_region.right and hint.size.height >= 2
