@@ -120,3 +120,24 @@ async def test_typing_or_pasting_on_the_conversation_goes_to_the_prompt(qwen3_di
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert app.focused is app.prompt
+
+
+async def test_with_a_message_focused_the_footer_still_shows_f1_help(qwen3_dirs):
+    from textual.widgets._footer import FooterKey
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 3
+    async with app.run_test(size=(110, 36)) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "first question")
+        await finish_turn(pilot, app)
+        before = len(app.session.tree.nodes)
+        await pilot.press("ctrl+r")  # a second version: the reply's keys add ‹ Prev and Next ›
+        await wait_for(pilot, lambda: len(app.session.tree.nodes) > before and not app.generating,
+                       what="the regenerated reply")
+        await pilot.pause(0.2)
+        for block in (app.chat.query(UserMessage).last(), app.chat.query(AssistantMessage).last()):
+            block.focus()
+            await pilot.pause(0.2)
+            keys = {k.key: k for k in app.screen.query(FooterKey)}
+            assert "f1" in keys and keys["f1"].region.right <= app.screen.size.width, sorted(keys)

@@ -37,7 +37,8 @@ APP_KEYS: tuple[AppKey, ...] = (
 # keys a focused message answers to (click it or Tab to it); the branch keys act on a saved message
 MESSAGE_KEYS: tuple[AppKey, ...] = (
     AppKey("c", "copy_message", "Copy", "on a focused message: copy it"),
-    AppKey("y", "copy_code", "Copy code", "on a focused message: copy its code blocks"),
+    # not in the footer: with a message focused, the footer had no room left for F1 (which lists it)
+    AppKey("y", "copy_code", "Copy code", "on a focused message: copy its code blocks", footer=False),
     AppKey("e", "edit", "Edit", "on a message you wrote: edit it in the prompt; Enter forks the conversation "
                                 "there (the old branch is kept), Esc cancels"),
     AppKey("left_square_bracket", "previous_version", "‹ Prev", "on a message marked ‹ 2/3 ›: the previous version "
