@@ -100,7 +100,7 @@ async def test_typing_or_pasting_on_the_conversation_goes_to_the_prompt(qwen3_di
         await send(pilot, app, "first question")
         await finish_turn(pilot, app)
         app.chat.query(AssistantMessage).last().focus()
-        await pilot.pause()
+        await pilot.pause(0.2)
         await pilot.press("h", "i")
         assert app.focused is app.prompt and app.prompt.text == "hi"
 
@@ -111,12 +111,15 @@ async def test_typing_or_pasting_on_the_conversation_goes_to_the_prompt(qwen3_di
         assert app.focused is app.prompt and "\x1b" not in app.prompt.text  # the prompt's own paste rules ran
 
         # a key a focused message binds stays the message's: e edits it, nothing is typed
-        app.prompt.text = ""
+        await pilot.pause(0.2)
+        app.prompt.value = ""
         app.chat.query(UserMessage).last().focus()
+        await pilot.pause(0.2)
         await pilot.press("e")
-        assert app.prompt.text == "first question"
+        await wait_for(pilot, lambda: app.prompt.text == "first question", what="the edit to load the message")
 
         app.chat.query(AssistantMessage).last().focus()
+        await pilot.pause(0.2)
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert app.focused is app.prompt
