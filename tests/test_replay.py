@@ -182,3 +182,21 @@ def test_snapshot_replay_mid_way(snap_compare, size):
     app = ReplayApp(trace_session(), paused=True, theme="textual-dark")
     # message 7 is the last reply: step five cycles into it
     assert snap_compare(app, terminal_size=size, press=["n"] * 6 + ["right"] * 6)
+
+
+async def test_a_session_run_at_the_drafts_own_size_replays_with_that_size():
+    """No block size set means the draft's own: the live meter showed its number, so does the replay."""
+    from dflash_tui.ui.meter import SystemMeter
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = trace_session()
+    session.settings["block_size"] = None
+    recorded = next(m.done().stats["block_size"] for m in session.replies()
+                    if m.done() is not None and m.done().stats.get("mode") == "dflash")
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.2)
+        meter = app.screen.query_one(SystemMeter)
+        assert meter.state.settings["block_size"] == recorded
+        body = str(meter._body.render())
+        assert f"block {recorded}" in body or f"B {recorded}" in body, body

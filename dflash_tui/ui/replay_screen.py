@@ -109,7 +109,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
         draft = one_line(model_label(s.draft)) if s.draft else None  # names, never install paths
         self.meter.set_pair(one_line(model_label(s.target)), draft, one_line(s.device or "recorded"),
                             where=one_line(s.server) if s.server else None)
-        self.meter.set_settings(s.settings)
+        self.meter.set_settings(recorded_settings(s))
         self.meter.set_baseline_tps(recorded_baseline(s))
         self.set_interval(self.tick_s, self._tick)
         self._show_status()
@@ -205,7 +205,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
             await self.chat.clear()
             self.acceptance.reset()
             self.meter.reset_turns()
-            self.meter.set_settings(self.session.settings)
+            self.meter.set_settings(recorded_settings(self.session))
             for i in range(index):
                 self._add_whole(i)
                 done = self.session.messages[i].done()
@@ -267,6 +267,20 @@ class ReplayScreen(PlainNotify, Screen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def recorded_settings(session: Session) -> dict:
+    """The session's settings, its block size as the run used it: no size set meant the draft's own,
+    which the replies recorded (the live meter showed that number, not "auto")."""
+    settings = dict(session.settings)
+    if settings.get("block_size") is None:
+        for m in session.replies():
+            done = m.done()
+            size = done.stats.get("block_size") if done is not None and done.stats.get("mode") == "dflash" else None
+            if size is not None:
+                settings["block_size"] = size
+                break
+    return settings
 
 
 def recorded_baseline(session: Session) -> Optional[float]:
