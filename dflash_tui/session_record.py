@@ -252,6 +252,8 @@ def reply_summary(done: Optional[Done]) -> str:
         parts.append(f"{s['decode_tps']:.1f} tok/s")
     if done.finish_reason == "cancelled":
         parts.append("stopped")
+    elif done.finish_reason == "length":
+        parts.append("hit max tokens")
     return " · ".join(parts)
 
 

@@ -200,3 +200,25 @@ async def test_a_session_run_at_the_drafts_own_size_replays_with_that_size():
         assert meter.state.settings["block_size"] == recorded
         body = str(meter._body.render())
         assert f"block {recorded}" in body or f"B {recorded}" in body, body
+
+
+async def test_replayed_replies_have_the_live_chats_footers():
+    """The same reply reads the same in the chat that made it and in its replay (both ways a reply is
+    shown in replay: played, and shown whole when jumped past)."""
+    from dflash_tui.ui.chat_view import AssistantMessage
+    from dflash_tui.ui.replay_screen import ReplayApp
+    from dflash_tui.ui.turns import reply_footer
+
+    session = trace_session()
+    wanted = [reply_footer(m.done().stats, m.done().finish_reason) for m in session.replies()]
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("n")  # the first reply shown whole
+        await pilot.press("i", "space")  # the rest played, instantly
+        for _ in range(100):
+            if app.screen.player.finished:
+                break
+            await pilot.pause(0.05)
+        shown = [str(b.query_one(".message-footer").render()) for b in app.screen.query(AssistantMessage)]
+    assert shown == wanted and all(shown)

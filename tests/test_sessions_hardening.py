@@ -152,3 +152,9 @@ def test_a_reply_with_no_cycle_drafted_has_no_cycle_figures():
     assert "3.00 tokens/cycle" in reply_summary(drafted) and "acceptance 50%" in reply_summary(drafted)
     line = reply_summary(alone)
     assert "target only" in line and "tokens/cycle" not in line and "acceptance" not in line
+    from dflash_tui.ui.turns import reply_footer  # the chat's and the replay's footer
+
+    footer = reply_footer(alone.stats, alone.finish_reason)
+    assert "target only" in footer and "tok/cycle" not in footer and "accepted" not in footer
+    assert reply_footer(drafted.stats, "length").endswith("hit max tokens")
+    assert reply_summary(Done([5], "a", "length", dict(drafted.stats))).endswith("hit max tokens")

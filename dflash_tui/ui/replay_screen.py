@@ -20,11 +20,12 @@ from dflash_tui.engine.events import Block, Done, Error, Prefill
 from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
-from dflash_tui.sessions import Session, reply_summary
+from dflash_tui.sessions import Session
 from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.plain_notify import PlainNotify
+from dflash_tui.ui.turns import reply_footer
 
 TICK_S = 1 / 30  # the screen asks the player what is due this often
 
@@ -171,7 +172,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 self.chat.add_note(ev.message, "error")
         elif cue.kind == "end":
             if self._handle is not None:
-                self._handle.finish(cue.text, reply_summary(message.done()))
+                self._handle.finish(cue.text, footer_of(message))
                 self._handle = None
                 self._pending_text = ""
 
@@ -189,7 +190,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
         elif m.role == "system":
             self.chat.add_system(m.content)
         else:
-            self.chat.add_assistant(m.content, reply_summary(m.done()))
+            self.chat.add_assistant(m.content, footer_of(m))
 
     async def _jump(self, index: Optional[int]) -> None:
         """Show the messages before `index` whole and play on from its start."""
@@ -267,6 +268,12 @@ class ReplayScreen(PlainNotify, Screen[None]):
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+
+def footer_of(message) -> str:
+    """A reply's footer in the live chat's words (ui/turns.reply_footer), from its recorded Done."""
+    done = message.done()
+    return reply_footer(done.stats, done.finish_reason) if done is not None else ""
 
 
 def recorded_settings(session: Session) -> dict:

@@ -29,7 +29,9 @@ QUIT_WAIT_S = 5.0  # ctrl+q while a reply streams: the longest the app waits for
 def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     n = stats.get("generated_tokens", 0)
     parts = [f"{n} tokens"]
-    if stats.get("mode") == "dflash":
+    if stats.get("mode") == "dflash" and stats.get("cycles") == 0:
+        parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
+    elif stats.get("mode") == "dflash":
         parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
         parts.append(f"{100 * stats.get('acceptance', 0):.0f}% accepted")
     elif stats.get("mode") == "remote":
