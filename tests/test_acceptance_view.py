@@ -187,3 +187,21 @@ async def test_the_cycle_count_reads_as_words():
         view.add_blocks([Block(2, [1, 2, 3], 1, [1, 2], "x")])
         await pilot.pause()
         assert "2 cycles" in str(view.figures.render())
+
+
+async def test_the_figures_line_is_never_cut_off():
+    """Between the narrow and the wide labels the wide line may not fit: the short ones are used then,
+    the target-only steps included (they were cut off as "+1 targ…")."""
+    widths = set()
+    for cols in range(90, 160, 6):
+        app = PanesApp()
+        async with app.run_test(size=(cols, 30)) as pilot:
+            view = app.query_one(AcceptanceView)
+            view.add_blocks([Block(0, [], 0, [7], "x")]  # one target-only step
+                            + [Block(i, list(range(15)), 12, list(range(13)), "x") for i in range(1, 44)])
+            await pilot.pause()
+            width = view.figures.size.width
+            first = str(view.figures.render()).splitlines()[0]
+            assert len(first) <= width and "+1" in first and "43" in first, (width, first)
+            widths.add(width < 50)
+    assert widths == {True, False}  # both label sets were exercised

@@ -192,6 +192,15 @@ class AcceptanceFigures(Widget):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return 3
 
+    def _first_line(self, narrow: bool) -> list[tuple[str, str]]:
+        """Tokens per cycle, acceptance, cycles and target-only steps, as (text, "value" | "label")."""
+        s, tpc, acc = self.stats, self.stats.tokens_per_cycle, self.stats.acceptance
+        cycles = (" cycle" if s.cycles == 1 else " cycles") if not narrow else " cyc"
+        alone = (f"  +{s.target_steps} target-only" if not narrow else f" +{s.target_steps} alone") if s.target_steps else ""
+        return [(f"{tpc:.2f}" if tpc is not None else "—", "value"), (" tok/cycle  " if not narrow else " tok/cyc ", "label"),
+                (f"{100 * acc:.0f}%" if acc is not None else "—", "value"), (" accepted  " if not narrow else " acc ", "label"),
+                (str(s.cycles), "value"), (cycles + alone, "label")]
+
     def render(self) -> Text:
         s = self.stats
         label = self.get_component_rich_style("figures--label")
@@ -200,15 +209,12 @@ class AcceptanceFigures(Widget):
         axis = self.get_component_rich_style("figures--axis")
         narrow = self.size.width < 50
         text = Text(no_wrap=True, overflow="ellipsis")
-        tpc, acc = s.tokens_per_cycle, s.acceptance
-        text.append(f"{tpc:.2f}" if tpc is not None else "—", value)
-        text.append(" tok/cycle  " if not narrow else " tok/cyc ", label)
-        text.append(f"{100 * acc:.0f}%" if acc is not None else "—", value)
-        text.append(" accepted  " if not narrow else " acc ", label)
-        text.append(str(s.cycles), value)
-        text.append((" cycle" if s.cycles == 1 else " cycles") if not narrow else " cyc", label)
-        if s.target_steps and not narrow:
-            text.append(f"  +{s.target_steps} target-only", label)
+        # the long labels where the whole line fits, else the short ones (a figure is never cut off)
+        first = self._first_line(False)
+        if narrow or sum(len(part) for part, _ in first) > self.size.width:
+            narrow, first = True, self._first_line(True)
+        for part, kind in first:
+            text.append(part, value if kind == "value" else label)
         text.append("\n")
         head = 13 if not narrow else 5
         rates = s.position_rates()
