@@ -107,6 +107,8 @@ async def test_drafting_slower_than_the_target_alone_is_said_plainly():
             assert slower_words in body and "speedup" not in body.split("\n")[0], body
             width = meter._body.content_region.width
             assert all(len(line) <= width for line in body.splitlines()), (width, body)  # nothing cut off
+            lines = body.splitlines()  # the settings keep their line, inside the meter's fixed height
+            assert lines[-1].startswith(("B ", "block ")) and len(lines) <= meter._body.size.height, body
             meter.set_baseline_tps(119.6)  # 1.003x shows as 1.00x: not "slower"
             await pilot.pause()
             body = str(meter._body.render())

@@ -263,7 +263,7 @@ class SystemMeter(Widget):
         self.state = MeterState()
         self._head = MeterText(self._head_lines, 1, classes="meter-head")
         self._spark = Sparkline([], summary_function=max)
-        self._body = MeterText(self._body_lines, 5, classes="meter-body")
+        self._body = MeterText(self._body_lines, 6, classes="meter-body")  # 6: a narrow meter may give tokens per cycle a line
         self._paint = Throttle(self._repaint, repaint_interval, self._later)
         self._spark_due = False
 
@@ -406,10 +406,11 @@ class SystemMeter(Widget):
                 " (the server reports no target-alone speed)" if s.where else " (no baseline measured yet)"
             t.append(" speedup" + ("" if compact else why), label)
         tpc = s.tokens_per_cycle
-        slower_words = compact and figure is not None and round(figure[0], 2) < 1 and not s.no_draft \
-            and s.mode != "baseline"
+        tpc_words = f" · {tpc:.2f} tok/cyc" if tpc is not None else " · — tok/cyc"
+        # narrow: on the speedup's line where it fits (else its own), never cut off
+        own_line = not compact or len(t.plain) + len(tpc_words) > max(w.content_region.width, 1)
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
-            t.append(" · " if compact and not slower_words else "\n", label)
+            t.append("\n" if own_line else " · ", label)
             t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
             t.append(" tok/cyc" if compact else " tokens/cycle", label)
 
