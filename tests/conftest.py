@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 from pathlib import Path
@@ -60,6 +61,14 @@ def tiny_target(tmp_path_factory) -> Path:
     rp.build_target(root, seed=0, hidden=32, layers=3, heads=2, kv_heads=1, head_dim=16, intermediate=64)
     return root
 
+
+def ring_port() -> int:
+    """A starting port for a 2-rank `mlx.launch --backend ring`: below Linux's ephemeral ports (32768
+    and up, which every test's client sockets take), in a band of its own per xdist worker, so launches
+    running at once on two workers never pick the same ports."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    band = 10000 + (int(worker) % 8 if worker.isdigit() else 0) * 2500
+    return band + random.randrange(0, 2496, 4)  # each launch takes this port and the next
 
 def reference_tokens(pair, prompt: list[int], max_tokens: int) -> list[int]:
     """Greedy tokens from plain `mlx_lm.stream_generate` (EOS excluded, as it reports them)."""

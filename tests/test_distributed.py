@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import struct
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _build_pair
+from conftest import _build_pair, ring_port
 
 REPO = Path(__file__).resolve().parent.parent
 RANK_SCRIPT = Path(__file__).resolve().parent / "distributed_rank.py"
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not i
 def launch(argv: list[str], pid_dir: Path, timeout: float = 120) -> tuple[str, str]:
     """Run argv on 2 local ranks; (stdout, stderr). Any rank left behind is ended by its pid."""
     pid_dir.mkdir(parents=True, exist_ok=True)
-    port = random.randrange(20000, 60000, 2)
+    port = ring_port()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--", sys.executable, *argv]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import ring_port
 
 from fixtures.harness import PanesApp
 from dflash_tui.engine.events import Done
@@ -46,7 +47,7 @@ async def test_the_meter_shows_ranks_parallelism_and_sync_per_cycle():
 
 
 def _doctor_on_2_ranks(dirs, *extra: str) -> subprocess.CompletedProcess:
-    port = random.randrange(20000, 60000, 2)
+    port = ring_port()
     return subprocess.run([str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--", sys.executable,
                            "-m", "dflash_tui", "doctor", "--model", str(dirs["target"]), "--draft", str(dirs["draft"]),
                            "--distributed", *extra],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ring_port
 from test_distributed import our_lines
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ class Ranks2:
     """`mlx.launch --backend ring -n 2 -- dflash-tui serve … --distributed`, its output in files."""
 
     def __init__(self, dirs: dict[str, Path], tmp: Path, rank_timeout: float, pipeline: bool = False) -> None:
-        port = random.randrange(20000, 60000, 2)
+        port = ring_port()
         self.out, self.err = tmp / "launch.out", tmp / "launch.err"
         cmd = [str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--",
                sys.executable, "-m", "dflash_tui", "serve", "--model", str(dirs["target"]), "--draft", str(dirs["draft"]),
