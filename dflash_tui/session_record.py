@@ -22,7 +22,7 @@ from dflash_tui.files import TooBig, read_regular_file
 from dflash_tui.model_names import model_label
 from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
 from dflash_tui.session_trace import timed_trace
-from dflash_tui.session_tree import Message, MessageTree, engine_view
+from dflash_tui.session_tree import Message, MessageTree, engine_view, system_of
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a session is text; anything bigger is not one of ours
 TITLE_CHARS = 60
@@ -66,8 +66,7 @@ class Session:
 
     def system_prompt(self) -> str:
         """The system prompt in effect at the end of the branch in view ("" for none)."""
-        view = self.conversation()
-        return view[0]["content"] if view and view[0]["role"] == "system" else ""
+        return system_of(self.conversation())
 
     # -- growing the tree (the API the chat UI calls) --------------------------------
     def add_message(self, role: str, content: str, trace: Optional[list[dict[str, Any]]] = None,
@@ -84,7 +83,7 @@ class Session:
         prompts set after that reply (the new one was written under them) follow the new reply too."""
         branch = self.messages
         trailing = []
-        while branch and branch[-1].role == "system" and len(branch) > 1 and branch[-2].role in ("assistant", "system"):
+        while len(branch) > 1 and branch[-1].role == "system" and branch[-2].role in ("assistant", "system"):
             trailing.insert(0, branch.pop())
         last = branch[-1] if branch else None
         message = self._message("assistant", content, trace, decoder)

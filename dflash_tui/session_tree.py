@@ -244,6 +244,11 @@ def engine_view(messages: Iterable[Message]) -> list[dict[str, str]]:
     return ([{"role": "system", "content": system}] if system else []) + turns
 
 
+def system_of(view: list[dict[str, str]]) -> str:
+    """The system prompt of an engine view (`engine_view`), "" for none."""
+    return view[0]["content"] if view and view[0]["role"] == "system" else ""
+
+
 def linear(messages: list[dict[str, Any]]) -> dict[str, Any]:
     """One branch as tree fields: ids m1..mN, each the parent of the next (an older file's messages)."""
     ids = [f"m{i + 1}" for i in range(len(messages))]

@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     draft_block = pair.draft.config.block_size
     if block is None:
         block = draft_block  # 0: the draft's own, named in the report
-    elif isinstance(block, int) and refusal(block, draft_block):
-        raise UserError(str(refusal(block, draft_block)))
+    elif isinstance(block, int) and (refused := refusal(block, draft_block)):
+        raise UserError(refused)  # before the baseline runs, not after
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]

@@ -18,7 +18,6 @@ from dflash_tui.commands.common import (
     resolve_pair,
     settings_from_args,
 )
-from dflash_tui.engine.block_limit import refusal
 from dflash_tui.errors import UserError
 from dflash_tui.printable import printable
 
@@ -69,10 +68,6 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     model, draft = resolve_pair(args)
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks,
                      draft_quant=args.draft_quant or 0)
-    if isinstance(settings.block_size, int) and pair.draft is not None and not args.baseline:
-        refused = refusal(settings.block_size, pair.draft.config.block_size)
-        if refused:
-            raise UserError(refused)
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
     if ranks is not None:
         conv.ranks = ranks

@@ -147,8 +147,8 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
         engine.wait_ready()
         if engine.load_error is not None:
             raise UserError(engine.load_error)
-        if isinstance(args.block_size, int) and refusal(args.block_size, engine.draft_block):
-            raise UserError(str(refusal(args.block_size, engine.draft_block)))  # not a refusal on every request
+        if isinstance(args.block_size, int) and (refused := refusal(args.block_size, engine.draft_block)):
+            raise UserError(refused)  # at start, not a refusal on every request
         metrics = ServerMetrics(name, engine.counts)
         engine.metrics = metrics
         limits = Limits(model_ids=(name,), max_tokens_limit=args.max_tokens_limit, block_size=args.block_size,

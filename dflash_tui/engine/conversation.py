@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 import mlx.core as mx
 
 from dflash_tui.engine.adaptive import measure_costs
-from dflash_tui.engine.block_limit import past_training
+from dflash_tui.engine.block_limit import refusal
 from dflash_tui.engine.block_sizer import CANDIDATES, BlockSizer
 from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.engine.distributed import Ranks, rank_lost
@@ -166,12 +166,12 @@ class Conversation:
             yield Error(f"bad sampling settings: {exc}")
             return
         draft_block = self.state.draft.config.block_size if self.state.draft is not None else 0
-        past = isinstance(settings.block_size, int) and not settings.baseline and \
-            past_training(settings.block_size, draft_block)
-        if past:  # the app and the server refuse it before asking; generate and bench pass it on
+        refused = isinstance(settings.block_size, int) and not settings.baseline and \
+            refusal(settings.block_size, draft_block)
+        if refused:  # the app and the server refuse it before asking; generate and bench pass it on
             if owns_user_message:
                 self.messages.pop()
-            yield Error(f"block size {settings.block_size} refused: {past} (up to {draft_block}, or auto)")
+            yield Error(refused)
             return
         try:
             done = yield from self._decode(prompt, settings, sampling, should_cancel)

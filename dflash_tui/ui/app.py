@@ -25,7 +25,8 @@ from dflash_tui.ui.editor import edit_text
 from dflash_tui.ui.keys import app_bindings, help_rows, read_alt_enter_as_new_line
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
-from dflash_tui.ui.pair_loading import PairLoading, block_too_big
+from dflash_tui.engine.block_limit import refusal
+from dflash_tui.ui.pair_loading import PairLoading
 from dflash_tui.ui.paste_parser import read_pastes_whole
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
@@ -186,7 +187,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             return None
         if not self.draft_name:
             return "there is no draft: the target runs alone, with no block to size"
-        return block_too_big(value, self.draft_block_size)
+        return refusal(value, self.draft_block_size)
 
     def change_setting(self, key: str, value: Any) -> None:
         setattr(self.options, key, value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dflash_tui.engine.events import Block
-from dflash_tui.session_tree import Message, engine_view
+from dflash_tui.session_tree import Message, engine_view, system_of
 from dflash_tui.ui.chat_view import MessageBlock, UserMessage
 from dflash_tui.ui.prompt import PromptBox, message_text, prompt_text
 from dflash_tui.ui.turns import reply_footer
@@ -22,11 +22,6 @@ from dflash_tui.ui.worker import Restore
 
 DELETE_QUESTION = ("Delete this message and its reply?\n\nThe turns after them move up into their place; "
                    "other branches stay as they are.")
-
-
-def as_conversation(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """Messages as the engine takes them (`Restore`)."""
-    return engine_view(messages)
 
 
 def reply_for(messages: Sequence[Message], message_id: Optional[str]) -> Optional[Message]:
@@ -177,8 +172,8 @@ class Branching:
         self.prompt.remember(event.text)
         await self.chat.clear()
         self.render_messages(self.session, before)
-        restored = as_conversation(before)
-        self.system_prompt = restored[0]["content"] if restored and restored[0]["role"] == "system" else ""
+        restored = engine_view(before)
+        self.system_prompt = system_of(restored)
         self.engine.submit(Restore(restored))
         text = event.text[1:] if event.text.startswith("//") else event.text  # '//' is a literal '/', as in a send
         self.start_turn(text, edit_of=message.id)  # recorded once the reply is done (app._record_turn)

@@ -405,14 +405,14 @@ class SystemMeter(Widget):
             why = " (DFlash not measured yet)" if s.baseline_tps else \
                 " (the server reports no target-alone speed)" if s.where else " (no baseline measured yet)"
             t.append(" speedup" + ("" if compact else why), label)
-        tpc = s.tokens_per_cycle
-        tpc_words = f" · {tpc:.2f} tok/cyc" if tpc is not None else " · — tok/cyc"
+        tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
+        tpc_label = " tok/cyc" if compact else " tokens/cycle"
         # narrow: on the speedup's line where it fits (else its own), never cut off
-        own_line = not compact or len(t.plain) + len(tpc_words) > max(w.content_region.width, 1)
+        own_line = not compact or len(t.plain) + len(f" · {tpc}{tpc_label}") > max(w.content_region.width, 1)
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
             t.append("\n" if own_line else " · ", label)
-            t.append(f"{tpc:.2f}" if tpc is not None else "—", value)
-            t.append(" tok/cyc" if compact else " tokens/cycle", label)
+            t.append(tpc, value)
+            t.append(tpc_label, label)
 
         # prefill
         t.append(" · " if not compact else "\n", label)

@@ -12,7 +12,7 @@ from typing import Optional
 
 from dflash_tui.config import save_settings
 from dflash_tui.demo import is_demo_path
-from dflash_tui.engine.block_limit import past_training
+from dflash_tui.engine.block_limit import refusal
 from dflash_tui.model_names import draft_label, model_label
 from dflash_tui.printable import plain
 from dflash_tui.ui import messages as msg
@@ -26,12 +26,6 @@ class PendingLoad:
     draft: Optional[str]
     remember: bool  # write the pair to config.toml once it loads
     keep_chat: bool  # the conversation shown goes on with the new pair (a session being opened)
-
-
-def block_too_big(block: int, draft_block: int) -> Optional[str]:
-    """Why a fixed block size cannot be used with a draft trained on `draft_block`; None when it can."""
-    why = past_training(block, draft_block)
-    return f"block size {block} refused: {why} (2 to {draft_block}, 0 = {draft_block}, or auto)" if why else None
 
 
 class PairLoading:
@@ -112,7 +106,7 @@ class PairLoading:
                                    "where drafting is slower than the target alone (the meter says which); /block "
                                    "auto adapts instead.")
         block = self.options.block_size
-        too_big = isinstance(block, int) and message.draft and block_too_big(block, message.block_size)
+        too_big = isinstance(block, int) and message.draft and refusal(block, message.block_size)
         if too_big:
             self.options.block_size = 0
             self.chat.add_note(f"{too_big}. Using the draft's own, {message.block_size}.", "warning")
