@@ -68,6 +68,11 @@ class IndexUnusable(Exception):
     """The index file cannot be used as it is (corrupt, foreign, or an older layout)."""
 
 
+# What a damaged index raises: SQLite reports some corrupt full-text data as out of memory (a length read
+# from garbage), which Python raises as MemoryError. The index is derived data, so it is built again.
+_BROKEN = (IndexUnusable, sqlite3.DatabaseError, MemoryError)
+
+
 @dataclass
 class SearchHit:
     summary: SessionSummary
@@ -120,13 +125,13 @@ class SessionIndex:
         self.in_memory = False
         try:
             return self._read_with(self._connect(), use, refresh)
-        except (IndexUnusable, sqlite3.DatabaseError) as exc:
+        except _BROKEN as exc:
             if isinstance(exc, sqlite3.OperationalError) and not _is_corrupt(exc):
                 return self._read_with(self._memory(), use, refresh)
         if self._remove_index():
             try:
                 return self._read_with(self._connect(), use, refresh)
-            except (IndexUnusable, sqlite3.DatabaseError):
+            except _BROKEN:
                 pass
         return self._read_with(self._memory(from_disk=False), use, True)
 
@@ -164,7 +169,7 @@ class SessionIndex:
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
                 self._prepare(conn)
                 return conn
-            except (IndexUnusable, sqlite3.DatabaseError) as exc:
+            except _BROKEN as exc:
                 if conn is not None:
                     conn.close()
                 if isinstance(exc, sqlite3.OperationalError) and not _is_corrupt(exc):
@@ -199,7 +204,7 @@ class SessionIndex:
                     disk.close()
                 self._prepare(conn)
                 return conn
-            except (IndexUnusable, sqlite3.DatabaseError):
+            except _BROKEN:
                 conn.close()
                 conn = sqlite3.connect(":memory:", isolation_level=None)
         self._prepare(conn)
