@@ -276,3 +276,29 @@ def _feed_mid_reply(app) -> None:
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
 def test_snapshot_meter_mid_reply(snap_compare, size):
     assert snap_compare(PanesApp(feed=_feed_mid_reply), terminal_size=size)
+
+
+@pytest.mark.parametrize("columns", [143, 146])
+async def test_no_wide_line_is_cut_off(columns):
+    """At the narrowest wide meters: a slow last full reply and a long, mostly cached prompt are never cut
+    (prefill takes the line the body keeps spare; "drafting is slower here" shortens; the cached count goes
+    where nothing else fits; the pair's names lose their owners before the device is cut)."""
+    async with PanesApp().run_test(size=(columns, 45)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        await pilot.pause()  # laid out: the wide labels
+        width = meter._body.content_region.width
+        assert 60 <= width < 64, width  # the narrowest wide meters
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "gpu · Apple M3 Max")
+        meter.set_settings({"block_size": 16, "mode": "dflash", "max_tokens": 4096})
+        meter.set_baseline_tps(2500.0)
+        _turn(meter, 40, 0.5)  # 80 tok/s: far slower than the target alone
+        _turn(meter, 8, 1.0)  # too short to time: the last full reply's figure stays
+        meter.on_prefill(Prefill(32768, 32000, 1.5))
+        await pilot.pause()
+        lines = _body(meter).splitlines()
+        assert all(len(line) <= width for line in lines), (width, lines)
+        assert lines[0] == "0.03× vs 2500 tok/s target alone (last full reply): slower", lines
+        wide_enough = width >= len("prefill 512 tok/s · ttft 1.50 s · 32768 prompt (32000 cached)")
+        assert lines[2] == "prefill 512 tok/s · ttft 1.50 s · 32768 prompt" + (" (32000 cached)" if wide_enough else ""), lines
+        assert lines[-2] == "Qwen3-8B ← Qwen3-8B-DFlash-b16 · gpu · Apple M3 Max", lines  # the names, not the device, shorten
+        assert lines[-1].startswith("block 16") and len(lines) <= meter._body.size.height, lines

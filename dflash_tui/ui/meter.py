@@ -250,6 +250,11 @@ class MeterText(Widget):
         return self._build(self, self.size.width < COMPACT_BELOW)
 
 
+def _fits(t: Text, more: str, w: "MeterText") -> bool:
+    """Whether `more` fits after the last line of `t` within the meter's width."""
+    return len(t.plain.rsplit("\n", 1)[-1]) + len(more) <= max(w.content_region.width, 1)
+
+
 class SystemMeter(Widget):
     DEFAULT_CSS = """
     SystemMeter { layout: vertical; height: auto; }
@@ -399,7 +404,8 @@ class SystemMeter(Widget):
             else:
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
                 if slower:
-                    t.append(": drafting is slower here", w.style("warn"))
+                    words = ": drafting is slower here"
+                    t.append(words if _fits(t, words, w) else ": slower", w.style("warn"))
         else:
             t.append("—", value)
             why = " (DFlash not measured yet)" if s.baseline_tps else \
@@ -408,27 +414,30 @@ class SystemMeter(Widget):
         tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
         tpc_label = " tok/cyc" if compact else " tokens/cycle"
         # narrow: on the speedup's line where it fits (else its own), never cut off
-        own_line = not compact or len(t.plain) + len(f" · {tpc}{tpc_label}") > max(w.content_region.width, 1)
+        own_line = not compact or not _fits(t, f" · {tpc}{tpc_label}", w)
         if not (compact and s.no_draft):  # no cycles without a draft: the reason gets the room
             t.append("\n" if own_line else " · ", label)
             t.append(tpc, value)
             t.append(tpc_label, label)
 
-        # prefill
-        t.append(" · " if not compact else "\n", label)
-        t.append("prefill " if not compact else "pre ", label)
+        # prefill: wide, after tokens per cycle where it fits (else on the line the body keeps spare)
+        p = Text()
+        p.append("prefill " if not compact else "pre ", label)
         new = (s.prompt_tokens or 0) - (s.cached_tokens or 0)
         if s.prefill_tps is None and s.cached_tokens and s.cached_tokens > new:
-            t.append("cached", value)  # too few new tokens to time: the prompt came from the cache
-            t.append(" · ttft ", label)
+            p.append("cached", value)  # too few new tokens to time: the prompt came from the cache
+            p.append(" · ttft ", label)
         else:
-            t.append(fmt_rate(s.prefill_tps), value)
-            t.append(" tok/s · ttft " if not compact else " t/s · ttft ", label)
-        t.append(fmt_seconds(s.ttft_s), value)
+            p.append(fmt_rate(s.prefill_tps), value)
+            p.append(" tok/s · ttft " if not compact else " t/s · ttft ", label)
+        p.append(fmt_seconds(s.ttft_s), value)
         if not compact and s.prompt_tokens is not None:
-            t.append(f" · {s.prompt_tokens} prompt", label)
-            if s.cached_tokens:
-                t.append(f" ({s.cached_tokens} cached)", label)
+            p.append(f" · {s.prompt_tokens} prompt", label)
+        cached = f" ({s.cached_tokens} cached)" if not compact and s.prompt_tokens is not None and s.cached_tokens else ""
+        t.append(" · " if not compact and _fits(t, f" · {p.plain}{cached}", w) else "\n", label)
+        t.append_text(p)
+        if _fits(t, cached, w):  # the detail that goes first where nothing else fits
+            t.append(cached, label)
 
         # memory (a remote engine's is on its server)
         t.append("\n")
@@ -446,9 +455,12 @@ class SystemMeter(Widget):
             t.append(short_name(s.target), value)
             t.append(" · " + (s.device or "—"), label)
         else:
-            t.append(short_name(s.target), value)
+            names = [short_name(s.target), draft_label(s.target, s.draft) if s.draft else "no draft"]
+            if not _fits(t, f"{names[0]} ← {names[1]} · {s.device or '—'}", w):  # the device stays in sight
+                names = [n.rsplit("/", 1)[-1] for n in names]
+            t.append(names[0], value)
             t.append(" ← ", label)
-            t.append(draft_label(s.target, s.draft) if s.draft else "no draft", value if s.draft else muted)
+            t.append(names[1], value if s.draft else muted)
             t.append(" · " + (s.device or "—"), label)
         if s.ranks:  # sync: the per-cycle agreement all_sum, not the sharded model's own all-reduces
             n, kind, sync = s.ranks

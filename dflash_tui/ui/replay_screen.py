@@ -59,12 +59,12 @@ class ReplayScreen(PlainNotify, Screen[None]):
     BINDINGS = [
         Binding("space", "toggle_pause", "Play/pause", priority=True),
         Binding("right", "step", "Step", priority=True),
-        Binding("plus,equals_sign", "faster", "Faster", priority=True),
-        Binding("minus,underscore", "slower", "Slower", priority=True),
+        Binding("escape,q", "close", "Close"),  # early: a narrow footer keeps the way out
+        Binding("plus,equals_sign", "faster", "Speed", key_display="+/-", priority=True),  # one footer key for two
+        Binding("minus,underscore", "slower", "Slower", priority=True, show=False),
         Binding("n", "next_message", "Next msg", priority=True),
         Binding("p", "previous_message", "Prev msg", priority=True),
         Binding("i", "instant", "Instant", priority=True),
-        Binding("escape,q", "close", "Close"),
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
@@ -87,7 +87,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 yield AcceptanceView(id="replay-acceptance")
                 yield SystemMeter(id="replay-meter")
         yield ReplayBar(id="replay-bar")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # eight keys: ctrl+p still opens it
 
     @property
     def chat(self) -> ChatView:

@@ -97,14 +97,15 @@ class RenameScreen(PlainNotify, ModalScreen[Optional[str]]):
 
 class SessionsScreen(PlainNotify, Screen[Result]):
     BINDINGS = [
+        # The footer's order: what finds and leaves a session first, so a narrow footer keeps it.
         Binding("o", "open", "Open"),  # Enter on a row opens too (DataTable.RowSelected)
         Binding("r", "replay", "Replay"),
+        Binding("slash", "search", "Search"),
+        Binding("escape,q", "close", "Close"),
         Binding("e", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
         Binding("m", "export('markdown')", "Export .md"),
         Binding("j", "export('json')", "Export .json"),
-        Binding("slash", "search", "Search"),
-        Binding("escape,q", "close", "Close"),
     ]
     DEFAULT_CSS = """
     SessionsScreen { layout: vertical; }
@@ -139,7 +140,7 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         yield Static("No saved sessions yet: every conversation is saved here after each reply.",
                      id="sessions-empty")
         yield Static("", id="sessions-problems", markup=False)
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # eight keys: the palette (ctrl+p) still opens
 
     def on_mount(self) -> None:
         self.reload()
