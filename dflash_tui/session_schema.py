@@ -99,7 +99,8 @@ SETTINGS: dict[str, Callable[[Any], bool]] = {
 STATS: dict[str, Callable[[Any], bool]] = {
     **{k: _count for k in ("generated_tokens", "cycles", "prompt_tokens", "cached_tokens", "peak_memory")},
     **{k: _amount for k in ("tokens_per_cycle", "acceptance", "decode_tps", "prefill_tps", "ttft_s",
-                            "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature")},
+                            "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature",
+                            "baseline_tps")},
     "mode": _opt(_text), "block_size": _block_size, "seed": _opt(is_int),
     "block_sizes": lambda v: type(v) is dict and all(_scalar(x) for x in v.values()),
     # a remote server's per-step counts: [accepted, drafted] of each verification step

@@ -219,11 +219,12 @@ class EngineThread:
                 return None
             return float(done.stats.get("decode_tps") or 0.0) or None
 
+        tokens = max(self.probe_tokens, MIN_TIMED_TOKENS)  # fewer would time start-up, not the model
         timed(GenerationSettings(max_tokens=4, baseline=True), 1)  # warm-up: kernels compile on first use
-        self.target_alone_tps = timed(GenerationSettings(max_tokens=self.probe_tokens, baseline=True), 4)
-        if self.num_spec_tokens > 0 and self.target_alone_tps is not None and self.probe_tokens >= MIN_TIMED_TOKENS:
-            self.dflash_probe_tps = timed(GenerationSettings(max_tokens=self.probe_tokens,
-                                                             block_size=self.block_size), MIN_TIMED_TOKENS)
+        self.target_alone_tps = timed(GenerationSettings(max_tokens=tokens, baseline=True), MIN_TIMED_TOKENS)
+        if self.num_spec_tokens > 0 and self.target_alone_tps is not None:
+            self.dflash_probe_tps = timed(GenerationSettings(max_tokens=tokens, block_size=self.block_size),
+                                          MIN_TIMED_TOKENS)
 
     def _release(self) -> None:
         """Drop the models and this thread's MLX streams while Python still runs."""

@@ -17,6 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dflash_tui.engine.events import Block, Done, Error, Prefill
+from dflash_tui.figure_rules import measures_target_alone
 from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
@@ -159,6 +160,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 mode = done.stats.get("mode")
                 self.meter.set_settings({**self.session.settings, "mode": mode,
                                          "block_size": 1 if mode == "baseline" else done.stats.get("block_size")})
+                self._baseline_of(done)
             self._last_event_at = cue.at
         elif cue.kind == "event":
             ev = cue.event
@@ -166,6 +168,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 self.meter.on_prefill(ev)
                 self._last_event_at = cue.at
             elif isinstance(ev, Done):
+                self._baseline_of(ev)
                 self.meter.on_done(ev)
                 self.acceptance.show_reported(ev.stats)  # a remote reply's figures, as it showed them
             elif isinstance(ev, Error):
@@ -175,6 +178,11 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 self._handle.finish(cue.text, footer_of(message))
                 self._handle = None
                 self._pending_text = ""
+
+    def _baseline_of(self, done: Done) -> None:
+        """The target-alone figure the live meter divided by at this reply, where the session has it."""
+        if done.stats.get("baseline_tps"):
+            self.meter.set_baseline_tps(done.stats["baseline_tps"])
 
     def _append(self, text: str) -> None:
         # held back until the reply widget is mounted: text streamed before that is shown twice
@@ -211,6 +219,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
                 self._add_whole(i)
                 done = self.session.messages[i].done()
                 if done is not None:
+                    self._baseline_of(done)
                     self.meter.on_done(done)  # the meter's per-turn figures up to here
         finally:
             self._busy = False
@@ -296,10 +305,8 @@ def recorded_baseline(session: Session) -> Optional[float]:
         return session.baseline_tps
     for m in reversed(session.replies()):
         done = m.done()
-        if done is not None and done.stats.get("mode") == "baseline" and done.finish_reason != "cancelled":
-            tps = done.stats.get("decode_tps")
-            if tps:
-                return float(tps)
+        if done is not None and measures_target_alone(done):
+            return float(done.stats["decode_tps"])
     return None
 
 

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 from dflash_tui.sessions import TraceRecorder
@@ -181,7 +182,8 @@ class TurnStreaming:
         ev = message.event
         self._show_in_panes()
         self.meter.on_done(ev)
-        self._recorder.add(ev)
+        # the target-alone figure the meter's speedup divided by at this reply: replay shows the same
+        self._recorder.add(replace(ev, stats={**ev.stats, "baseline_tps": self.baseline_tps}) if self.baseline_tps else ev)
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
         self.acceptance.show_reported(ev.stats)
         self.acceptance.show_figures()

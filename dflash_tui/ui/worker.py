@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from textual.message import Message
 
 from dflash_tui.ui import messages as msg
-from dflash_tui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT
+from dflash_tui.figure_rules import MIN_TIMED_TOKENS, PROBE_PROMPT, measures_target_alone
 
 FLUSH_INTERVAL_S = 0.2  # 5 repaints a second: live to the eye; faster starves the engine of the GIL
 STOP_TIMEOUT_S = 10.0  # a generation stops within a cycle; a load in progress cannot be interrupted
@@ -343,8 +343,9 @@ class EngineWorker:
         same prompt, so the meter shows a measured speedup before the first reply."""
         if req.probe_tokens <= 0:
             return
+        tokens = max(req.probe_tokens, MIN_TIMED_TOKENS)  # fewer would time start-up, not the model
         try:
-            self._probe(req.probe_tokens)
+            self._probe(tokens)
         except Exception as exc:  # the pair works; only the speedup stays unknown
             self._post(msg.BaselineMeasured(None, "probe"))
             self._post(msg.EngineNotice(f"baseline probe failed: {_first_line(exc)}", "warning"))
@@ -352,12 +353,11 @@ class EngineWorker:
         if self.pair.draft is None:
             return
         self._measure_costs(block)
-        if req.probe_tokens >= MIN_TIMED_TOKENS:
-            try:
-                self._probe_dflash(req.probe_tokens, req.block_size)
-            except Exception as exc:
-                self._post(msg.ProbeMeasured(None))
-                self._post(msg.EngineNotice(f"DFlash probe failed: {_first_line(exc)}", "warning"))
+        try:
+            self._probe_dflash(tokens, req.block_size)
+        except Exception as exc:
+            self._post(msg.ProbeMeasured(None))
+            self._post(msg.EngineNotice(f"DFlash probe failed: {_first_line(exc)}", "warning"))
 
     def _measure_costs(self, block: int) -> None:
         try:  # the adaptive block size's cost curve, now rather than in the first reply's wait
@@ -372,7 +372,7 @@ class EngineWorker:
         from dflash_tui.engine.conversation import GenerationSettings
 
         self._timed_probe(GenerationSettings(max_tokens=4, baseline=True), 1)  # warm-up: kernels compile on first use
-        tps = self._timed_probe(GenerationSettings(max_tokens=tokens, baseline=True), 4)
+        tps = self._timed_probe(GenerationSettings(max_tokens=tokens, baseline=True), MIN_TIMED_TOKENS)
         self._post(msg.BaselineMeasured(tps, "probe"))
 
     def _probe_dflash(self, tokens: int, block_size: Optional[Union[int, str]]) -> None:
@@ -462,9 +462,9 @@ class EngineWorker:
             elif ev.type == "done":
                 flush(now, final=True)
                 self._sample_memory()
-                self._post(msg.TurnDone(turn_id, ev, messages()))
-                if ev.stats.get("mode") == "baseline" and ev.finish_reason != "cancelled" and len(ev.tokens) >= 4:
+                if measures_target_alone(ev):  # before the turn ends: the reply is saved with it
                     self._post(msg.BaselineMeasured(ev.stats.get("decode_tps") or None, "turn"))
+                self._post(msg.TurnDone(turn_id, ev, messages()))
             elif ev.type == "error":
                 flush(now, final=True)
                 self._post(msg.TurnFailed(turn_id, ev.message))
