@@ -28,7 +28,51 @@ def test_bench_json_report(qwen3_dirs, tmp_path):
                 assert key in res[side]
         assert set(res["dflash"]["phases_ms_per_cycle"]) == {"draft", "verify", "rollback", "host"}
         assert res["speedup"] > 0
-    assert report["summary"]["all_identical"] is True
+        d = res["dflash"]  # the raw counts behind the row's ratios, as the engine's stats count them
+        assert d["cycles"] > 0 and d["tokens_per_cycle"] == pytest.approx(d["cycle_tokens"] / d["cycles"])
+        assert d["acceptance"] == pytest.approx(d["accepted"] / d["drafted"])
+    s = report["summary"]
+    assert s["all_identical"] is True
+    assert "tokens_per_cycle_mean" not in s
+    for key in ("cycles", "cycle_tokens", "drafted", "accepted"):
+        assert s[key] == sum(res["dflash"][key] for res in report["results"])
+    assert s["tokens_per_cycle"] == s["cycle_tokens"] / s["cycles"] and s["acceptance"] == s["accepted"] / s["drafted"]
+
+
+def _row(cycle_tokens: int, cycles: int, speedup: float, peak: int = 37_961_090) -> dict:
+    side = {"decode_tps": 10.0, "ttft_s": 0.1, "peak_memory": peak, "tokens_per_cycle": 1.0, "acceptance": 0.0}
+    dflash = {**side, "decode_tps": 10.0 * speedup, "tokens_per_cycle": cycle_tokens / cycles,
+              "acceptance": (cycle_tokens - cycles) / (15 * cycles), "cycles": cycles, "cycle_tokens": cycle_tokens,
+              "drafted": 15 * cycles, "accepted": cycle_tokens - cycles}
+    return {"prompt_tokens": 20, "generated_tokens": cycle_tokens + 1, "baseline": side, "dflash": dflash,
+            "speedup": speedup, "identical": True}
+
+
+def test_bench_summary_pools_the_cycles_of_all_prompts_and_says_mib():
+    """The audit's case: rows at 4.50, 2.83 and 5.75 tokens/cycle are 75 tokens over 20 cycles, 3.75
+    pooled (README: tokens the cycles gave over the cycles), not their mean 4.36."""
+    from dflash_tui.bench.compare import format_table, summarize
+
+    results = [_row(18, 4, 0.55), _row(34, 12, 0.31), _row(23, 4, 0.76)]
+    s = summarize(results, temperature=0.0)
+    assert (s["cycle_tokens"], s["cycles"], s["tokens_per_cycle"]) == (75, 20, 3.75)
+    assert (s["accepted"], s["drafted"], s["acceptance"]) == (55, 300, 55 / 300)
+    assert s["speedup_median"] == 0.55 and s["all_identical"] is True
+    report = {"machine": {"device": "cpu", "backend": "cpu", "mlx": "0", "mlx-lm": "0", "commit": None}, "target": "t",
+              "draft": "d", "attention": "fused", "results": results, "summary": s,
+              "settings": {"max_tokens": 48, "runs": 1, "cooldown_s": 0, "block_size": 16, "temperature": 0.0}}
+    text = format_table(report)
+    assert "all prompts pooled: 3.75 tokens/cycle (75 tokens over 20 cycles), acceptance 18% (55 of 300 drafted)" in text
+    assert "speedup 0.55x (median of per-prompt speedups)" in text
+    assert "mean" not in text and "4.36" not in text
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("prompt"))
+    assert "peak MiB" in header and "MB" not in header
+    assert all(line.split()[7] == "36" for line in text.splitlines()[6:9])  # 37,961,090 bytes: 36.2 MiB
+    # no cycle drafted anywhere: no pooled ratio, said in words
+    alone = summarize([{**_row(1, 1, 1.0), "dflash": {**_row(1, 1, 1.0)["dflash"], "cycles": 0, "cycle_tokens": 0,
+                                                        "drafted": 0, "accepted": 0}}], temperature=0.0)
+    assert alone["tokens_per_cycle"] is None and alone["acceptance"] is None
+    assert "no cycle drafted" in format_table({**report, "results": [], "summary": alone})
 
 
 def test_bench_table_with_auto_block(qwen3_dirs):

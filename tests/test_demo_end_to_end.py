@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ install_placeholders()
 from conftest import demo_pair_bundled  # noqa: E402
 
 PROMPT = "Wait until a predicate becomes true."  # a held-out request
+HELDOUT = Path(__file__).resolve().parents[1] / "dflash_tui" / "demo" / "heldout_prompts.jsonl"
 
 
 
@@ -56,6 +58,33 @@ def test_bench_demo_reports_identical_outputs_and_acceptance(tmp_path):
     assert row["identical"] is True
     assert row["dflash"]["tokens_per_cycle"] > 1.0
     assert report["target"].endswith("target") and report["draft"].endswith("draft")
+
+
+def test_bench_demo_pools_tokens_per_cycle_over_the_prompts(tmp_path):
+    """Three held-out requests whose replies run different numbers of cycles: the summary's tokens/cycle
+    is their cycle tokens over their cycles (README's τ, as the sessions list pools it), not the rows' mean."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(open(HELDOUT).readlines()[:3]))
+    report_file = tmp_path / "report.json"
+    out = _cli("bench", "--demo", "--prompts", str(prompts), "--runs", "1", "--cooldown", "0", "--max-tokens", "48",
+               "--block-size", "16", "--out", str(report_file))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(report_file.read_text())
+    rows = [r["dflash"] for r in report["results"]]
+    for d in rows:  # the counts carried are the engine's: its ratios come back from them
+        assert d["tokens_per_cycle"] == pytest.approx(d["cycle_tokens"] / d["cycles"])
+        assert d["acceptance"] == pytest.approx(d["accepted"] / d["drafted"])
+    s = report["summary"]
+    cycles, tokens = sum(d["cycles"] for d in rows), sum(d["cycle_tokens"] for d in rows)
+    assert (s["cycles"], s["cycle_tokens"]) == (cycles, tokens) and s["tokens_per_cycle"] == tokens / cycles
+    assert s["acceptance"] == sum(d["accepted"] for d in rows) / sum(d["drafted"] for d in rows)
+    assert len({d["cycles"] for d in rows}) > 1  # so pooling and the rows' mean part
+    assert s["tokens_per_cycle"] != pytest.approx(sum(d["tokens_per_cycle"] for d in rows) / len(rows))
+    table, summary = out.stdout.rsplit("\n\n", 1)
+    assert f"all prompts pooled: {tokens / cycles:.2f} tokens/cycle ({tokens} tokens over {cycles} cycles)" in summary
+    assert "(median of per-prompt speedups)" in summary and "mean" not in summary
+    header = table.splitlines()[-1 - len(rows)]
+    assert "peak MiB" in header and "MB" not in header
 
 
 @pytest.mark.anyio

@@ -46,6 +46,29 @@ async def test_the_meter_shows_ranks_parallelism_and_sync_per_cycle():
         assert meter.size.width < 60 and "cpu · 2×tensor" in str(meter._body.render())
 
 
+def test_generate_closing_line_shows_sync_per_cycle_as_the_meter_does():
+    """`generate --distributed` and the meter say one thing: the turn's sync_ms over its agreement checks."""
+    from dflash_tui.commands.generate import figures_line
+
+    line = figures_line(Done([1] * 21, "", "length", {**RANKED, "generated_tokens": 21, "acceptance": 0.2}))
+    assert "2 ranks tensor parallel, sync 0.25 ms/cycle" in line  # 2.0 ms over 8 checks, as on the meter above
+    audit = {**RANKED, "generated_tokens": 48, "acceptance": 0.2, "sync_ms": 37.5, "agreement_checks": 26}
+    line = figures_line(Done([1] * 48, "", "length", audit))
+    assert "sync 1.44 ms/cycle" in line and "37.5" not in line
+
+
+@pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
+def test_generate_distributed_closing_line_on_2_ranks_says_ms_per_cycle(qwen3_dirs):
+    proc = subprocess.run([str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(ring_port()), "--",
+                           sys.executable, "-m", "dflash_tui", "generate", "hello", "--model", str(qwen3_dirs["target"]),
+                           "--draft", str(qwen3_dirs["draft"]), "--max-tokens", "12", "--block-size", "4", "--distributed"],
+                          cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    lines = [line for line in proc.stderr.splitlines() if "ranks tensor parallel" in line]
+    assert len(lines) == 1, proc.stdout + proc.stderr  # rank 0 only
+    assert re.search(r", 2 ranks tensor parallel, sync \d+\.\d\d ms/cycle, (length|stop)\]$", lines[0]), lines[0]
+
+
 def _doctor_on_2_ranks(dirs, *extra: str) -> subprocess.CompletedProcess:
     port = ring_port()
     return subprocess.run([str(LAUNCH), "--backend", "ring", "-n", "2", "--starting-port", str(port), "--", sys.executable,

@@ -2,6 +2,11 @@
 
 Decode speed excludes prefill on both sides: tokens after the first, over the
 time from the first token to the last.
+
+Each prompt's row is its median run (by DFlash tok/s). The summary's tokens/cycle and
+acceptance pool those rows, as the README defines them: the tokens the cycles gave over
+the cycles, the accepted over the drafted, all prompts' cycles counted together (not a
+mean of the rows' ratios). Its speedup is the median of the rows' speedups.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class RunFigures:
     tokens: list[int]
     tokens_per_cycle: float = 1.0
     acceptance: float = 0.0
+    # the raw counts behind tokens_per_cycle and acceptance (DFlash runs): what the summary pools
+    counts: dict[str, int] = field(default_factory=dict)
     phases_ms: dict[str, float] = field(default_factory=dict)  # per cycle
     block_sizes: dict[int, int] = field(default_factory=dict)
 
@@ -64,15 +71,29 @@ def fresh_turn(conv: Conversation, prompt: list[int], settings: GenerationSettin
     return events
 
 
+def cycle_counts(events: list[Any]) -> dict[str, int]:
+    """A turn's cycles counted from its blocks, as the engine counts them for its stats: a block that
+    drafted is a cycle; its emitted tokens (the EOS that ended the reply included) are what it gave."""
+    counts = {"cycles": 0, "cycle_tokens": 0, "drafted": 0, "accepted": 0}
+    for b in events:
+        if b.type == "block" and b.drafted:
+            counts["cycles"] += 1
+            counts["cycle_tokens"] += len(b.emitted)
+            counts["drafted"] += len(b.drafted)
+            counts["accepted"] += b.accepted
+    return counts
+
+
 def run_dflash(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> RunFigures:
-    done: Done = fresh_turn(conv, prompt, settings)[-1]
+    events = fresh_turn(conv, prompt, settings)
+    done: Done = events[-1]
     s = done.stats
     cycles = max(1, s["cycles"])
     phases = {k: s[f"{k}_ms"] / cycles for k in ("draft", "verify", "rollback")}
     phases["host"] = max(0.0, s["decode_s"] * 1e3 / cycles - sum(phases.values()))
     return RunFigures(decode_tps=s["decode_tps"], ttft_s=s["ttft_s"], peak_memory=s["peak_memory"], tokens=done.tokens,
                       tokens_per_cycle=s["tokens_per_cycle"], acceptance=s["acceptance"], phases_ms=phases,
-                      block_sizes=s.get("block_sizes") or {})
+                      block_sizes=s.get("block_sizes") or {}, counts=cycle_counts(events))
 
 
 def _median_run(runs: list[RunFigures]) -> RunFigures:
@@ -127,7 +148,6 @@ def bench(pair: Pair, prompts: list[list[int]], max_tokens: int = 256, runs: int
             "speedup": d.decode_tps / b.decode_tps if b.decode_tps else None,
             "identical": all(r.tokens == base_runs[0].tokens for r in base_runs + df_runs) if temperature == 0 else None,
         })
-    speedups = [r["speedup"] for r in results if r["speedup"]]
     return {
         "machine": machine_info(),
         "target": pair.target_name,
@@ -136,11 +156,23 @@ def bench(pair: Pair, prompts: list[list[int]], max_tokens: int = 256, runs: int
         "attention": pair.target.attention_mode,
         "settings": {"max_tokens": max_tokens, "runs": runs, "cooldown_s": cooldown, "block_size": block_size, "temperature": temperature},
         "results": results,
-        "summary": {
-            "speedup_median": statistics.median(speedups) if speedups else None,
-            "tokens_per_cycle_mean": statistics.mean(r["dflash"]["tokens_per_cycle"] for r in results),
-            "all_identical": all(r["identical"] for r in results) if temperature == 0 else None,
-        },
+        "summary": summarize(results, temperature),
+    }
+
+
+def summarize(results: list[dict[str, Any]], temperature: float) -> dict[str, Any]:
+    """The rows together. tokens_per_cycle and acceptance are pooled: the rows' cycle tokens over their
+    cycles, their accepted over their drafted (None where no cycle drafted), with the totals they come
+    from. speedup_median is the median of the per-prompt speedups (each row's DFlash tok/s over its
+    target-alone tok/s), not a ratio of pooled speeds."""
+    total = {k: sum(r["dflash"].get(k, 0) for r in results) for k in ("cycles", "cycle_tokens", "drafted", "accepted")}
+    speedups = [r["speedup"] for r in results if r["speedup"]]
+    return {
+        "speedup_median": statistics.median(speedups) if speedups else None,  # median of the per-prompt speedups
+        "tokens_per_cycle": total["cycle_tokens"] / total["cycles"] if total["cycles"] else None,  # pooled
+        "acceptance": total["accepted"] / total["drafted"] if total["drafted"] else None,  # pooled
+        **total,
+        "all_identical": all(r["identical"] for r in results) if temperature == 0 else None,
     }
 
 
@@ -148,6 +180,7 @@ def _public(r: RunFigures) -> dict[str, Any]:
     out = {"decode_tps": r.decode_tps, "ttft_s": r.ttft_s, "peak_memory": r.peak_memory, "tokens_per_cycle": r.tokens_per_cycle,
            "acceptance": r.acceptance}
     if r.phases_ms:
+        out.update(r.counts)
         out["phases_ms_per_cycle"] = r.phases_ms
         out["block_sizes"] = {str(k): v for k, v in r.block_sizes.items()}
     return out
@@ -159,16 +192,22 @@ def format_table(report: dict[str, Any]) -> str:
              f"{m['device']} ({m['backend']}), mlx {m['mlx']}, mlx-lm {m['mlx-lm']}, commit {m['commit']}",
              f"verify attention: {report['attention']} (the baseline is mlx_lm.stream_generate on the same weights)",
              f"max_tokens {report['settings']['max_tokens']}, block {report['settings']['block_size']}, median of {report['settings']['runs']}", "",
-             f"{'prompt':>6} {'base tok/s':>10} {'dflash tok/s':>12} {'speedup':>8} {'tok/cycle':>9} {'accept':>7} {'ttft ms':>8} {'peak MB':>8} {'same':>5}  draft/verify/rollback/host ms"]
+             f"{'prompt':>6} {'base tok/s':>10} {'dflash tok/s':>12} {'speedup':>8} {'tok/cycle':>9} {'accept':>7} {'ttft ms':>8} {'peak MiB':>9} {'same':>5}  draft/verify/rollback/host ms"]
     for i, r in enumerate(report["results"]):
         b, d = r["baseline"], r["dflash"]
         ph = d.get("phases_ms_per_cycle", {})
         lines.append(
             f"{i:>6} {b['decode_tps']:>10.1f} {d['decode_tps']:>12.1f} {r['speedup'] or 0:>7.2f}x {d['tokens_per_cycle']:>9.2f} "
-            f"{d['acceptance']:>6.0%} {d['ttft_s'] * 1e3:>8.1f} {d['peak_memory'] / 2**20:>8.0f} {str(r['identical']):>5}  "
+            f"{d['acceptance']:>6.0%} {d['ttft_s'] * 1e3:>8.1f} {d['peak_memory'] / 2**20:>9.0f} {str(r['identical']):>5}  "
             + "/".join(f"{ph.get(k, 0):.1f}" for k in ("draft", "verify", "rollback", "host"))
         )
     s = report["summary"]
     lines.append("")
-    lines.append(f"median speedup {s['speedup_median'] or 0:.2f}x, mean tokens/cycle {s['tokens_per_cycle_mean']:.2f}, identical outputs: {s['all_identical']}")
+    lines.append(f"speedup {s['speedup_median'] or 0:.2f}x (median of per-prompt speedups)")
+    if s["cycles"]:
+        lines.append(f"all prompts pooled: {s['tokens_per_cycle']:.2f} tokens/cycle ({s['cycle_tokens']} tokens over "
+                     f"{s['cycles']} cycles), acceptance {s['acceptance']:.0%} ({s['accepted']} of {s['drafted']} drafted)")
+    else:
+        lines.append("all prompts pooled: no cycle drafted (target only)")
+    lines.append(f"identical outputs: {s['all_identical']}")
     return "\n".join(lines)

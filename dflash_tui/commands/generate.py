@@ -113,8 +113,11 @@ def figures_line(done) -> str:
         parts.append("target only (no cycle drafted)")
     else:
         parts += [f"{s['tokens_per_cycle']:.2f} tokens/cycle", f"acceptance {s['acceptance']:.0%}"]
-    if "ranks" in s:
-        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, sync {s['sync_ms']:.1f} ms")
+    if "ranks" in s:  # sync: the turn's sync_ms over its agreement checks (each cycle's, and the first token's),
+        # the mean time of one check, as the meter shows it
+        checks = s.get("agreement_checks") or 0
+        sync = s.get("sync_ms", 0.0) / checks if checks else 0.0
+        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, sync {sync:.2f} ms/cycle")
     return f"[{', '.join(parts)}, {done.finish_reason}]"
 
 

@@ -107,7 +107,7 @@ class Ranks:
         self.stop_agreed = total[3] > 0
         if total[:3] != [v * self.size for v in local[:3]]:
             raise DistributedError(
-                f"the ranks disagree at check {self.checks + 1}: rank {self.rank} accepted {accepted} of "
+                f"the ranks disagree at check {self.checks}: rank {self.rank} accepted {accepted} of "
                 f"{len(tokens)} tokens, the {self.size} ranks' sum is {total[0]}; stopping all ranks"
             )
 
