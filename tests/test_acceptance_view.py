@@ -27,14 +27,20 @@ def test_figures_agree_with_the_engines_own_stats():
             assert stats.acceptance == pytest.approx(done["acceptance"])
         else:
             blocks = [e for e in reply.events() if isinstance(e, Block)]
-            assert stats.tokens_per_cycle is None and stats.target_steps == len(blocks)
+            # block 0 is the prefill's token; a last step cut at the token limit gave none
+            assert stats.tokens_per_cycle is None and stats.target_steps == len([b for b in blocks[1:] if b.emitted])
             assert sum(b.reply_tokens for b in blocks) == done["generated_tokens"]
+        # the figures add up to the reply: its first token (the prefill's) + the cycles' + one per target-only
+        # step, less the end-of-text token where one ended it
+        ended = any(b.eos for b in reply.events() if isinstance(b, Block))
+        assert 1 + stats.cycle_tokens + stats.target_steps - ended == done["generated_tokens"]
 
 
 def test_position_profile_and_length_histogram():
     stats = AcceptanceStats()
-    stats.add([Block(1, [1, 2, 3, 4], 2, [1, 2, 9], ""), Block(2, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], ""),
-               Block(3, [1, 2, 3, 4], 0, [7], ""), Block(0, [], 0, [5], "")])
+    stats.add([Block(0, [], 0, [5], ""), Block(1, [1, 2, 3, 4], 2, [1, 2, 9], ""),
+               Block(2, [1, 2, 3, 4], 4, [1, 2, 3, 4, 5], ""), Block(3, [1, 2, 3, 4], 0, [7], ""),
+               Block(4, [], 0, [6], "")])  # the prefill's token is not a target-only step; block 4 is
     assert stats.position_rates() == pytest.approx([2 / 3, 2 / 3, 1 / 3, 1 / 3])
     assert stats.accepted_lengths == [1, 0, 1, 0, 1]
     assert stats.target_steps == 1 and stats.cycles == 3
@@ -197,8 +203,9 @@ async def test_the_figures_line_is_never_cut_off():
         app = PanesApp()
         async with app.run_test(size=(cols, 30)) as pilot:
             view = app.query_one(AcceptanceView)
-            view.add_blocks([Block(0, [], 0, [7], "x")]  # one target-only step
-                            + [Block(i, list(range(15)), 12, list(range(13)), "x") for i in range(1, 44)])
+            view.add_blocks([Block(0, [], 0, [7], "x")]  # the prefill's token
+                            + [Block(i, list(range(15)), 12, list(range(13)), "x") for i in range(1, 44)]
+                            + [Block(44, [], 0, [8], "x")])  # one target-only step
             await pilot.pause()
             width = view.figures.size.width
             first = str(view.figures.render()).splitlines()[0]

@@ -48,8 +48,8 @@ async def test_the_demo_drafts_its_own_block_and_another_pair_adapts(qwen3_dirs)
         await send(pilot, app, PROMPT)
         await finish_turn(pilot, app)
         stats = app.acceptance.stats
-        # drafted blocks of 16 throughout: the prompt's first token (and at most a last one-token step) alone
-        assert stats.cycles >= 2 and stats.target_steps <= 2, stats
+        # drafted blocks of 16 throughout: at most a last one-token step alone
+        assert stats.cycles >= 2 and stats.target_steps <= 1, stats
         assert len(stats.position_drafted) == 15 and stats.position_drafted[0] == stats.cycles
 
         await load(pilot, app, qwen3_dirs)  # a real pair: the configured default, auto

@@ -302,3 +302,37 @@ async def test_no_wide_line_is_cut_off(columns):
         assert lines[2] == "prefill 512 tok/s · ttft 1.50 s · 32768 prompt" + (" (32000 cached)" if wide_enough else ""), lines
         assert lines[-2] == "Qwen3-8B ← Qwen3-8B-DFlash-b16 · gpu · Apple M3 Max", lines  # the names, not the device, shorten
         assert lines[-1].startswith("block 16") and len(lines) <= meter._body.size.height, lines
+
+
+async def test_the_narrow_meter_says_where_its_speedup_is_from():
+    async with PanesApp().run_test(size=(80, 24)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        await pilot.pause()
+        width = meter._body.content_region.width
+        assert width < 60  # the narrow labels
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        meter.set_settings({"block_size": 16, "mode": "dflash"})
+        meter.set_baseline_tps(25.0)
+        meter.set_probe_tps(20.0)  # slower, from the probe
+        first = _body(meter).splitlines()[0]
+        assert first.startswith("0.80× (probe): slower") and len(first) <= width, first
+        _turn(meter, 40, 4.0)  # 10 tok/s over a full reply
+        _turn(meter, 8, 1.0)  # too short: the full reply's figure stays, and says so
+        first = _body(meter).splitlines()[0]
+        assert first.startswith("0.40× (last full reply): slower") and len(first) <= width, first
+        meter.set_baseline_tps(5.0)
+        first = _body(meter).splitlines()[0]
+        assert first.startswith("2.00× speedup (last full reply)") and len(first) <= width, first
+        await pilot.pause()
+
+
+def test_the_live_speed_counts_the_tokens_after_the_first_as_the_engines_does():
+    """The engine's tok/s is the tokens after the first (the prefill's, block 0) over the time since it;
+    the live figure is the same, so it does not jump when the engine's replaces it."""
+    s = MeterState()
+    s.on_prefill(Prefill(prompt_tokens=40, cached_tokens=0, seconds=0.2))
+    first = Block(0, [], 0, [5], "a")  # the prefill's token: nothing drafted
+    s.on_blocks([first, *_blocks(4)[1:]], 0.5)  # then 3 cycles of 3 tokens
+    assert s.tps == pytest.approx(9 / 0.5)
+    s.on_blocks([Block(4, [], 0, [6], "b")], 0.5)  # a target-alone step later on counts
+    assert s.tps == pytest.approx(10 / 1.0) and s.turn_tokens == 10

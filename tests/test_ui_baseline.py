@@ -9,7 +9,7 @@ from ui_support import install_placeholders
 
 install_placeholders()
 
-from test_ui_app import SIZE, engine_events, finish_turn, make_app, ready, send, wait_for  # noqa: E402,F401
+from test_ui_app import SIZE, finish_turn, make_app, ready, send, wait_for  # noqa: E402
 
 from fixtures.harness import trace_session  # noqa: E402
 from dflash_tui.figure_rules import MIN_TIMED_TOKENS  # noqa: E402
@@ -18,7 +18,7 @@ from dflash_tui.sessions import SessionStore  # noqa: E402
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_short_target_only_reply_keeps_the_figure_and_a_long_one_replaces_it(qwen3_dirs, engine_events):
+async def test_a_short_target_only_reply_keeps_the_figure_and_a_long_one_replaces_it(qwen3_dirs):
     app = make_app(qwen3_dirs, probe_tokens=4)  # asked for 4: the probe still runs the 16 a figure needs
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
@@ -28,14 +28,14 @@ async def test_a_short_target_only_reply_keeps_the_figure_and_a_long_one_replace
         await send(pilot, app, f"/max-tokens {MIN_TIMED_TOKENS - 4}")
         await send(pilot, app, "short")
         await finish_turn(pilot, app)
-        short = engine_events[-1][-1]
+        short = app.session.replies()[-1].done()  # the engine's Done, as recorded
         assert short.stats["mode"] == "baseline" and 1 < len(short.tokens) < MIN_TIMED_TOKENS
         assert app.meter.state.baseline_tps == probe == app.baseline_tps  # too short to time: kept
 
         await send(pilot, app, f"/max-tokens {MIN_TIMED_TOKENS + 8}")
         await send(pilot, app, "long")
         await finish_turn(pilot, app)
-        long = engine_events[-1][-1]
+        long = app.session.replies()[-1].done()
         assert len(long.tokens) >= MIN_TIMED_TOKENS, "the tiny target stopped early: pick another prompt"
         measured = long.stats["decode_tps"]
         assert app.meter.state.baseline_tps == measured == app.baseline_tps != probe

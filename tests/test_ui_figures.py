@@ -36,9 +36,13 @@ async def test_the_probe_speedup_is_on_the_meter_before_the_first_reply(qwen3_di
         state = app.meter.state
         assert not state.turns  # no reply yet
         ratio = state.probe_tps / state.baseline_tps  # the compact meter at 120 columns
-        expected = f"{ratio:.2f}×: slower than target alone" if round(ratio, 2) < 1 else \
-            f"{ratio:.2f}× speedup (probe)"
+        expected = f"{ratio:.2f}× (probe): slower" if round(ratio, 2) < 1 else f"{ratio:.2f}× speedup (probe)"
         assert expected in _body(app), _body(app)
+        await send(pilot, app, f"/block {app.options.block_size or app.draft_block_size}")  # the same size
+        assert app.meter.state.probe_tps is not None
+        await send(pilot, app, "/block 4")  # not the size the probe ran: its figure goes
+        await pilot.pause()
+        assert app.meter.state.probe_tps is None and "(probe)" not in _body(app), _body(app)
 
 
 async def test_a_block_above_the_drafts_own_is_refused_with_the_reason(qwen3_dirs):

@@ -99,7 +99,7 @@ class AcceptanceStats:
     """Running figures over the blocks seen since the last reset (pure, no Textual)."""
 
     cycles: int = 0  # blocks with something drafted
-    target_steps: int = 0  # blocks with nothing drafted (first token, baseline)
+    target_steps: int = 0  # steps the target ran alone for a token: blocks with nothing drafted after the first
     drafted: int = 0
     accepted: int = 0
     cycle_tokens: int = 0  # tokens emitted by the DFlash cycles
@@ -118,8 +118,8 @@ class AcceptanceStats:
             if n == 0 and text_only(b):
                 continue
             if n == 0:
-                self.target_steps += 1
-                if b.index > 0:
+                if b.index > 0:  # block 0 is the prefill's token, not a step
+                    self.target_steps += bool(b.emitted)  # a step cut at the token limit gave nothing
                     self.alone_run, self.drafted_run = self.alone_run + 1, 0
                     self.sizer_alone = self.sizer_alone or self.alone_run >= ALONE_SHOWN
                 continue

@@ -190,6 +190,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         return refusal(value, self.draft_block_size)
 
     def change_setting(self, key: str, value: Any) -> None:
+        if key == "block_size" and (value or self.draft_block_size) != (self.options.block_size or self.draft_block_size):
+            self.meter.set_probe_tps(None)  # the probe ran the size in force at load: not this one
         setattr(self.options, key, value)
         if key == "block_size":
             self.block_default = None

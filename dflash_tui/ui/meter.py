@@ -169,7 +169,8 @@ class MeterState:
     def on_blocks(self, blocks: list[Block], elapsed_s: float) -> None:
         if not self.generating:  # blocks without a prefill first (a replay that jumped in)
             self._start_turn()
-        tokens = sum(b.reply_tokens for b in blocks)
+        # as the engine's tok/s: the tokens after the first (block 0, the prefill's) over the time since it
+        tokens = sum(b.reply_tokens for b in blocks if b.index > 0 or b.drafted)
         for b in blocks:
             if b.drafted:
                 self.last_block = len(b.drafted) + 1  # the size the engine chose for this cycle
@@ -398,9 +399,9 @@ class SystemMeter(Widget):
             slower = round(speedup, 2) < 1  # as shown: 0.995 reads 1.00×, not slower
             t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
             where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
-            if compact:  # the words fit a narrow meter's line; a slower figure leaves out where it came from
-                probe = " (probe)" if source == "probe" else ""
-                t.append(": slower than target alone" if slower else f" speedup{probe}", label)
+            if compact:  # the longest words that fit a narrow meter's line; where the figure is from stays
+                words = [f"{where}: slower than target alone", f"{where}: slower"] if slower else [f" speedup{where}", where]
+                t.append(next((x for x in words if _fits(t, x, w)), words[-1]), label)
             else:
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
                 if slower:
