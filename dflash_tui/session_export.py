@@ -69,6 +69,7 @@ def reply_figures(message: Message) -> dict[str, Any]:
             "tau": rounded("tokens_per_cycle", 3) if dflash else None,
             "acceptance": rounded("acceptance", 4) if dflash else None,
             "tok_s": rounded("decode_tps", 1),
+            "temperature": rounded("temperature", 4), "max_tokens": stats.get("max_tokens"),  # what this reply ran with
             "finish": done.finish_reason if done else None}
 
 

@@ -18,8 +18,8 @@ ESCAPES = "\x1b]0;pwned\x07\x9b2J\x7f\u2028"
 BARE = "def add(a, b):\n    return a + b\n\n\nprint(add(1, 2))\n"
 
 
-def _trace(text: str, mode: str = "dflash") -> list[dict]:
-    stats = {"mode": mode, "generated_tokens": 12, "decode_tps": 48.25, "cycles": 4 if mode == "dflash" else 0}
+def _trace(text: str, mode: str = "dflash", **ran) -> list[dict]:
+    stats = {"mode": mode, "generated_tokens": 12, "decode_tps": 48.25, "cycles": 4 if mode == "dflash" else 0, **ran}
     if mode == "dflash":
         stats.update(tokens_per_cycle=3.125, acceptance=0.53125)
     events = [Prefill(6, 0, 0.01), Block(0, [], 0, [4], text), Done([4], text, "stop", stats)]
@@ -38,7 +38,7 @@ def _session() -> Session:
     q = s.add_message("user", "and a list?")
     s.add_message("assistant", "Here:\n\n```\nimport math\nprint(math.fsum([1, 2]))\n```\n", _trace("x", "baseline"))
     s.edit(q.id, "and a tuple?")
-    s.add_message("assistant", "Use `sum((1, 2))`.", _trace("y"))
+    s.add_message("assistant", "Use `sum((1, 2))`.", _trace("y", temperature=0.7, max_tokens=64))  # its own settings
     return s
 
 
@@ -60,9 +60,9 @@ def test_front_matter_reads_back_with_model_names_settings_and_figures():
     assert front["messages"] == 5 and front["branches"] == 2
     assert front["replies"] == [
         {"message": "m3", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
-         "finish": "stop"},
+         "temperature": None, "max_tokens": None, "finish": "stop"},  # an older file: not recorded
         {"message": "m7", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
-         "finish": "stop"}]
+         "temperature": 0.7, "max_tokens": 64, "finish": "stop"}]
     assert "\x1b" not in md and "\x9b" not in md and "\x07" not in md  # inert on a terminal
     assert "and a tuple?" in md and "and a list?" not in md  # the branch in view
 

@@ -130,7 +130,7 @@ async def test_with_a_message_focused_the_footer_still_shows_f1_help(qwen3_dirs)
 
     app = make_app(qwen3_dirs, probe_tokens=0)
     app.options.max_tokens = 3
-    async with app.run_test(size=(110, 36)) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await ready(pilot, app)
         await send(pilot, app, "first question")
         await finish_turn(pilot, app)

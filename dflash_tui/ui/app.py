@@ -406,7 +406,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         try:
             store = self._store()
             if self.session is None:
-                self.session = store.new(self.target_name or "", self.draft_name, self.generation_settings(),
+                self.session = store.new(self.target_name or "", self.draft_name, self._turn_settings,
                                          device=self.device, decoder=self.decoder,
                                          server=self.server.url if self.server is not None else None)
                 if self.system_prompt:
@@ -422,6 +422,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             if self._system_after_turn is not None:
                 self.session.add_message("system", self._system_after_turn, None)
                 self._system_after_turn = None
+            self.session.settings = dict(self._turn_settings)  # the file's settings: its last reply's
             if self.baseline_tps:
                 self.session.baseline_tps = self.baseline_tps
         except Exception as exc:  # recording must never break the chat

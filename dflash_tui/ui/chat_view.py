@@ -452,6 +452,11 @@ class ChatView(VerticalScroll):
         mounted = self.mount(widget)
         return widget, mounted
 
+    def follow(self) -> None:
+        """Back to the bottom, following the stream again (a message just sent is what the user looks at)."""
+        self.anchor()
+        self.call_after_refresh(self.anchor)  # once the new messages are laid out
+
     def add_user(self, text: str, message_id: Optional[str] = None,
                  versions: Optional[tuple[int, int]] = None) -> UserMessage:
         return self._add(UserMessage(text, message_id, versions))[0]

@@ -23,7 +23,9 @@ class AppKey:
     footer: bool = True
 
 
+# F1 first: the footer lists a focused message's keys before these, and cuts what does not fit
 APP_KEYS: tuple[AppKey, ...] = (
+    AppKey("f1", "help", "Help", "this help"),
     AppKey("escape", "stop", "Stop", "stop the reply (what was produced is kept)"),
     AppKey("ctrl+r", "regenerate", "Regenerate", "regenerate the last reply"),
     AppKey("ctrl+n", "new_chat", "New", "new conversation"),
@@ -31,7 +33,6 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("ctrl+o", "sessions", "Sessions", "saved sessions: open, replay, rename, delete, export"),
     AppKey("ctrl+y", "copy_reply", "Copy reply", "copy the last (or the focused) message", footer=False),
     AppKey("f2", "toggle_panes", "Panes", "hide or show the acceptance and system panes", footer=False),
-    AppKey("f1", "help", "Help", "this help"),
 )
 
 # keys a focused message answers to (click it or Tab to it); the branch keys act on a saved message

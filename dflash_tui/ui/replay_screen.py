@@ -26,7 +26,7 @@ from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.plain_notify import PlainNotify
-from dflash_tui.ui.turns import reply_footer
+from dflash_tui.ui.turns import REPLY_SETTINGS, reply_footer
 
 TICK_S = 1 / 30  # the screen asks the player what is due this often
 
@@ -158,7 +158,8 @@ class ReplayScreen(PlainNotify, Screen[None]):
             done = message.done()
             if done is not None:  # the settings this reply ran with (block size, baseline or not)
                 mode = done.stats.get("mode")
-                self.meter.set_settings({**self.session.settings, "mode": mode,
+                ran = {k: done.stats[k] for k in ("temperature", "seed", *REPLY_SETTINGS) if k in done.stats}
+                self.meter.set_settings({**self.session.settings, **ran, "mode": mode,
                                          "block_size": 1 if mode == "baseline" else done.stats.get("block_size")})
                 self._baseline_of(done)
             self._last_event_at = cue.at

@@ -27,6 +27,10 @@ SETTLE_TIMEOUT_S = 0.5  # however long the drawing takes, the engine gets the tu
 QUIT_WAIT_S = 5.0  # ctrl+q while a reply streams: the longest the app waits for it to stop and be saved
 
 
+# a reply's settings its recorded stats keep beside the engine's own (which has temperature and seed)
+REPLY_SETTINGS = ("max_tokens", "top_p", "top_k", "min_p")
+
+
 def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     n = stats.get("generated_tokens", 0)
     parts = [f"{n} tokens"]
@@ -71,6 +75,7 @@ class TurnStreaming:
         # the turn's message and reply on screen: they get their session ids once recorded
         self._turn_blocks: tuple[Optional[UserMessage], Optional[AssistantMessage]] = (None, None)
         self._recorder: Optional[TraceRecorder] = None  # the turn's events, timed, for the session file
+        self._turn_settings: dict[str, Any] = {}  # what the turn's request asked for
         self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
         self._quitting = False  # ctrl+q came while a reply streamed: quit once it is saved
 
@@ -100,9 +105,11 @@ class TurnStreaming:
         user_block = self.chat.add_user(text) if text is not None else None
         self._handle = self.chat.start_assistant()
         self._turn_blocks = (user_block, self._handle.message)
+        self.chat.follow()  # scrolled up, or a message focused up there: the new turn is what matters
         self.acceptance.reset(self.acceptance_mode())
         self.meter.set_settings(self.meter_settings())
-        self._queued_turn = Generate(self.turn_id, text, self.generation_settings())
+        self._turn_settings = self.generation_settings()  # a change mid-reply is for the next one
+        self._queued_turn = Generate(self.turn_id, text, self._turn_settings)
         self._blink = self.prompt.cursor_blink if self._blink is None else self._blink
         self.prompt.cursor_blink = False  # a blink is a repaint twice a second, taken from the decode
         self.refresh_bindings()
@@ -182,8 +189,10 @@ class TurnStreaming:
         ev = message.event
         self._show_in_panes()
         self.meter.on_done(ev)
-        # the target-alone figure the meter's speedup divided by at this reply: replay shows the same
-        self._recorder.add(replace(ev, stats={**ev.stats, "baseline_tps": self.baseline_tps}) if self.baseline_tps else ev)
+        # with the settings it ran with and the target-alone figure its speedup divided by: replay shows the same
+        ran = {k: self._turn_settings[k] for k in REPLY_SETTINGS if k in self._turn_settings}
+        self._recorder.add(replace(ev, stats={**ev.stats, **ran, **({"baseline_tps": self.baseline_tps}
+                                                                    if self.baseline_tps else {})}))
         self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
         self.acceptance.show_reported(ev.stats)
         self.acceptance.show_figures()
