@@ -7,6 +7,7 @@ untouched: the run uses defaults for what is wrong and never writes the file.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -243,13 +244,19 @@ def save_settings(loaded: LoadedConfig, **changes: Any) -> None:
             raise PermissionError(f"{loaded.path} is no longer valid TOML, so it is left as it is") from None
     for key, value in changes.items():
         doc[key] = value  # an existing key keeps its place and its comment
-    loaded.path.parent.mkdir(parents=True, exist_ok=True)
+    target = Path(os.path.realpath(loaded.path))  # a linked config (dotfiles) is written where it lives
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = stat.S_IMODE(os.stat(target).st_mode) if target.exists() else None
     # temp file + os.replace: a crash mid-write never leaves half a config
-    fd, tmp = tempfile.mkstemp(dir=loaded.path.parent, prefix=".config-", suffix=".toml")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".config-", suffix=".toml")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(tomlkit.dumps(doc).encode("utf-8"))
-        os.replace(tmp, loaded.path)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)  # the file's own permissions, not the temp file's 0600
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

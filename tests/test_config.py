@@ -109,3 +109,18 @@ def test_block_size_auto_is_the_default_and_parses(tmp_path):
 
     assert Config().block_size == "auto" and Config().generation()["block_size"] == "auto"
     assert VALIDATORS["block_size"]("AUTO") == "auto" and VALIDATORS["block_size"]("8") == 8
+
+
+def test_saving_writes_through_a_link_and_keeps_the_files_permissions(tmp_path):
+    real = tmp_path / "dotfiles" / "config.toml"
+    real.parent.mkdir()
+    real.write_text('theme = "dflash-dark"  # mine\n')
+    real.chmod(0o644)
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    path.symlink_to(real)
+    save_settings(load_config(), theme="dflash-light")
+    assert path.is_symlink() and path.resolve() == real  # the link stays a link
+    assert real.read_text() == 'theme = "dflash-light"  # mine\n'
+    assert real.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in real.parent.iterdir()] == ["config.toml"]  # no temp file left

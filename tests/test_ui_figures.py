@@ -126,9 +126,12 @@ async def test_opening_a_session_resets_the_turn_figures(qwen3_dirs):
         await finish_turn(pilot, app)
         assert len(app.meter.state.turns) == 2
         other = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]
+        memory = app.meter.state.active_bytes, app.meter.state.rss_bytes
+        assert all(memory)
         await app.open_session(session)
         await pilot.pause()
         assert app.meter.state.turns == [] and app.meter.state.tps is None
+        assert (app.meter.state.active_bytes, app.meter.state.rss_bytes) == memory  # the process's: it stays
         # the pane shows the opened session's reply in view, nothing of what was on screen before
         recorded = [(e["drafted"], e["emitted"]) for e in session.messages[-1].trace if e["type"] == "block"]
         shown = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]

@@ -290,7 +290,7 @@ async def test_model_picker_lists_each_pair_once_with_its_size_and_whether_it_do
         shown = prompts()
         demo_rows = [p for p in shown if demo_target in p]
         assert len(demo_rows) == 1 and "loaded now" in demo_rows[0]
-        assert "MB on disk, no download" in demo_rows[0]
+        assert "MiB on disk, no download" in demo_rows[0]  # binary units, named so
         (cached,) = [p for p in shown if "Qwen/Qwen3-4B" in p]  # the known pair's target is cached: once
         assert "in your cache" in cached and "B on disk" in cached and "(needs a download)" in cached
         known = [p for p in shown if "known pair" in p]
@@ -310,7 +310,7 @@ def test_a_known_pairs_download_size_comes_from_the_hub_or_is_said_unknown(monke
 
     monkeypatch.setattr(ms, "hub_size", answer)
     sized, answered = ms.with_download_size(choice, {}, None)
-    assert answered and sized.size == 17_400_000_000 and "needs a download of 16.2 GB" in sized.detail
+    assert answered and sized.size == 17_400_000_000 and "needs a download of 16.2 GiB" in sized.detail
     sized, _ = ms.with_download_size(choice, {"z-lab/Qwen3-8B-DFlash-b16": 10}, None)  # the draft is cached
     assert sized.size == 16_400_000_000 and asked[-1] == "Qwen/Qwen3-8B"
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from dflash_tui.ui.meter import fmt_bytes
+
 if TYPE_CHECKING:
     from dflash_tui.remote.client import RemoteTarget
 
@@ -34,12 +36,8 @@ class ModelChoice:
 
 
 def human_size(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB") else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+    """Bytes in binary units, named as such (MiB), as the meter shows memory."""
+    return fmt_bytes(n)
 
 
 def dir_size(path: Path) -> Optional[int]:
