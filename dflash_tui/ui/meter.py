@@ -400,7 +400,8 @@ class SystemMeter(Widget):
             t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
             where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
             if compact:  # the longest words that fit a narrow meter's line; where the figure is from stays
-                words = [f"{where}: slower than target alone", f"{where}: slower"] if slower else [f" speedup{where}", where]
+                words = ([f"{where}: slower than target alone", f"{where}: slower than alone", f"{where}: slower"]
+                         if slower else [f" speedup{where}", where])
                 t.append(next((x for x in words if _fits(t, x, w)), words[-1]), label)
             else:
                 t.append(f" vs {fmt_rate(s.baseline_tps)} tok/s target alone{where}", label)
