@@ -12,17 +12,24 @@ The index holds every message, so it and SQLite's side files (journal, WAL)
 are private to their owner (0600) like the sessions: made so before SQLite
 opens it, and an older, wider one narrowed.
 
-A corrupt or foreign index file is deleted and rebuilt; one that is not a
-regular file is left alone. Where the index cannot be written (a read-only
-folder, a lock held too long) it is built in memory (from the file on disk
-when that can be read) and nothing is written. Several instances may share
-one index: SQLite's locks serialise their writes, and each writes only what it
-read itself.
+A corrupt or foreign index file is deleted and rebuilt, and so is one built
+under other checks: the index records a digest of the source of the modules
+that decide what a file may hold and what its row says (CHECK_MODULES), so a
+release that makes the checks stricter (or looser) rebuilds it without anyone
+bumping INDEX_VERSION. One that is not a regular file is left alone. Where
+the index cannot be written (a read-only folder, a lock held too long) it is
+built in memory (from the file on disk when that can be read) and nothing is
+written. Several instances may share one index: SQLite's locks serialise
+their writes, and each writes only what it read itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib
+import marshal
 import os
 import sqlite3
 import stat
@@ -35,7 +42,10 @@ from dflash_tui.session_record import Session, SessionError, SessionSummary, rea
 from dflash_tui.session_schema import SCHEMA_VERSION
 
 INDEX_NAME = ".index.sqlite3"
-INDEX_VERSION = "1"
+INDEX_VERSION = "1"  # the layout of the tables; what the checks accept is followed by checks_version()
+# what decides whether a file is a row and what the row holds: its checks, its migrations, its summary, this module
+CHECK_MODULES = ("dflash_tui.session_schema", "dflash_tui.session_tree", "dflash_tui.session_trace",
+                 "dflash_tui.session_record", "dflash_tui.session_index")
 CHUNK = 256  # files read between two writes: a long first build shows progress to other instances
 BUSY_TIMEOUT_S = 5.0
 MAX_SQL_INT = 2**63 - 1
@@ -357,8 +367,34 @@ def _make_private(path: Path) -> None:
         os.close(fd)
 
 
+def _module_digest(name: str) -> str:
+    """A digest of a module's source; where that cannot be read (a build without sources), of its compiled
+    code; failing that too, of the app's version (so an upgrade still rebuilds the index)."""
+    try:
+        module = importlib.import_module(name)
+        loader = module.__spec__.loader  # type: ignore[union-attr]
+        source = loader.get_source(name)  # type: ignore[union-attr]
+        if source is not None:
+            return "src:" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
+        code = loader.get_code(name)  # type: ignore[union-attr]
+        if code is not None:
+            return "code:" + hashlib.sha256(marshal.dumps(code)).hexdigest()
+    except Exception:  # a loader without these, an unreadable file: the fallback below
+        pass
+    from dflash_tui import __version__
+
+    return f"version:{__version__}"
+
+
+@functools.lru_cache(maxsize=None)
+def checks_version(modules: tuple[str, ...] = CHECK_MODULES) -> str:
+    """One digest of what every module in `modules` checks and records (see _module_digest)."""
+    parts = "\n".join(f"{name}={_module_digest(name)}" for name in modules)
+    return hashlib.sha256(parts.encode("utf-8")).hexdigest()[:32]
+
+
 def _meta() -> dict[str, str]:
-    return {"index_version": INDEX_VERSION, "schema_version": str(SCHEMA_VERSION)}
+    return {"index_version": INDEX_VERSION, "schema_version": str(SCHEMA_VERSION), "checks": checks_version()}
 
 
 def _check_layout(conn: sqlite3.Connection) -> None:

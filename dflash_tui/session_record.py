@@ -231,7 +231,13 @@ def make_title(text: str) -> str:
     line = next((" ".join(ln.split()) for ln in text.splitlines() if ln.strip()), "")
     if not line:
         return "untitled"
-    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+    return cut_title(line)
+
+
+def cut_title(title: str) -> str:
+    """At most TITLE_CHARS characters, a cut one ending in "…": the app's titles, and how a list shows one
+    (a file edited by hand may hold a longer one)."""
+    return title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1].rstrip() + "…"
 
 
 def reply_summary(done: Optional[Done]) -> str:

@@ -24,6 +24,9 @@ SCHEMA_VERSION = 3
 ROLES = ("system", "user", "assistant")
 MAX_INT = 2**53  # no count, size or id from a real run comes near this; JSON readers agree up to here
 MAX_TOKEN_ID = 2**31 - 1
+# a sampling seed: the engine drew 64-bit ones before it drew 31-bit ones, and a seed given through the API
+# is recorded modulo 2^64 (engine/sampling.KeyStream), so a file may hold any seed below 2^64
+MAX_SEED = 2**64
 MAX_BLOCK = 1025  # the largest block: a server may speculate up to 1024 tokens a step (remote/client.py)
 
 
@@ -63,6 +66,10 @@ def _token_ids(v: Any) -> bool:
     return type(v) is list and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v)
 
 
+def _seed(v: Any) -> bool:
+    return type(v) is int and -MAX_INT <= v < MAX_SEED
+
+
 def _block_size(v: Any) -> bool:
     return v is None or v == "auto" or _count(v)
 
@@ -92,16 +99,17 @@ def check_values(data: Any) -> None:
 # the settings a session records (GenerationSettings); others must be plain values
 SETTINGS: dict[str, Callable[[Any], bool]] = {
     "max_tokens": _opt(_count), "block_size": _block_size, "temperature": _opt(_amount), "top_p": _opt(_amount),
-    "top_k": _opt(_count), "min_p": _opt(_amount), "seed": _opt(is_int), "baseline": _opt(lambda v: type(v) is bool),
+    "top_k": _opt(_count), "min_p": _opt(_amount), "seed": _opt(_seed), "baseline": _opt(lambda v: type(v) is bool),
     "prefill_chunk": _opt(_count), "mode": _opt(_text),
 }
 # the figures a reply's Done carries; the views do arithmetic on every one of them (None too is refused)
 STATS: dict[str, Callable[[Any], bool]] = {
-    **{k: _count for k in ("generated_tokens", "cycles", "prompt_tokens", "cached_tokens", "peak_memory")},
+    **{k: _count for k in ("generated_tokens", "cycles", "prompt_tokens", "cached_tokens", "peak_memory", "max_tokens",
+                            "top_k")},
     **{k: _amount for k in ("tokens_per_cycle", "acceptance", "decode_tps", "prefill_tps", "ttft_s",
                             "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature",
-                            "baseline_tps")},
-    "mode": _opt(_text), "block_size": _block_size, "seed": _opt(is_int),
+                            "baseline_tps", "top_p", "min_p")},
+    "mode": _opt(_text), "block_size": _block_size, "seed": _opt(_seed),
     "block_sizes": lambda v: type(v) is dict and all(_scalar(x) for x in v.values()),
     # a remote server's per-step counts: [accepted, drafted] of each verification step
     "spec_steps": lambda v: type(v) is list and all(

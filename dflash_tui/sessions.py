@@ -84,6 +84,12 @@ def _stamp(path: Path) -> Optional[tuple[int, int, int]]:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+def _given(text: str) -> None:
+    """An empty name is no session (as a path it would be the current folder): one line saying so."""
+    if not text.strip():
+        raise SessionError("no session given: name one by its id, a unique prefix of one, or a path to its file")
+
+
 class SessionStore:
     """The sessions directory. Several processes may use it at once."""
 
@@ -178,6 +184,7 @@ class SessionStore:
 
     def resolve_id(self, text: str) -> str:
         """The id of the one session whose id is `text` or starts with it; SessionError otherwise."""
+        _given(text)
         if not valid_id(text):
             raise SessionError(f"not a session id: {text!r}")
         self.check()
@@ -200,6 +207,7 @@ class SessionStore:
     def resolve(self, id_or_path: Union[str, Path]) -> Path:
         """A session id in this store, or a unique prefix of one, or a path to a session file (read only)."""
         text = str(id_or_path)
+        _given(text)
         if valid_id(text) and not Path(text).exists():
             return self.path_for(self.resolve_id(text))
         if valid_id(text) and (self.root / f"{text}.json").is_file():

@@ -326,3 +326,60 @@ def test_cli_search_list_and_prefixes(tmp_path, monkeypatch, capsys):
     assert "2 sessions start with 'alpha'" in capsys.readouterr().err
     assert main(["sessions", "delete", "gam", "--yes"]) == 0
     assert not (store.root / "gamma-1.json").exists() and len(list(store.root.glob("*.json"))) == 3
+
+
+def test_an_index_built_under_other_checks_is_rebuilt(tmp_path, monkeypatch, capsys):
+    """After an upgrade whose checks are stricter, a file the old ones let in is no row: the index records what
+    the checks were (a digest of their source) and is rebuilt when they change, with nobody bumping a version."""
+    from dflash_tui import session_schema
+    from dflash_tui.cli import main
+
+    store = _store(tmp_path)
+    data = json.loads(FIXTURE.read_text())
+    data["id"] = "tau-99"
+    for m in data["messages"]:
+        for entry in m.get("trace") or []:
+            if entry["type"] == "done" and entry["stats"]["mode"] == "dflash":
+                entry["stats"].update(tokens_per_cycle=99.0, block_size=16)  # more than a block of 16 holds
+    (store.root / "tau-99.json").write_text(json.dumps(data))
+    with monkeypatch.context() as older:  # the release before: checks that let it through, and their digest
+        older.setattr(session_schema, "_figures_possible", lambda stats: True)
+        older.setattr(session_index, "checks_version", lambda: "the-older-checks", raising=False)
+        summaries, problems = store.list()
+        assert {s.id: s.tokens_per_cycle for s in summaries}["tau-99"] == 99.0 and problems == []
+    monkeypatch.setattr("dflash_tui.sessions.default_root", lambda: store.root)
+    assert main(["sessions", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "tau-99" not in out and "99.00 tok/cycle" not in out and len(out.splitlines()) == 3
+    assert "skipped tau-99.json: message m3: trace entry" in err and "figures no run can give" in err
+    assert main(["sessions", "show", "tau-99"]) == 1  # as `show` says too
+    db = sqlite3.connect(store.root / INDEX_NAME)
+    assert dict(db.execute("SELECT key, value FROM meta"))["checks"] == session_index.checks_version()
+    assert db.execute("SELECT count(*) FROM sessions WHERE id = 'tau-99'").fetchone() == (0,)
+
+
+def test_the_checks_version_follows_the_source_and_falls_back_safely(tmp_path, monkeypatch):
+    import compileall
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    probe = tmp_path / "dflash_checks_probe.py"
+    probe.write_text("LIMIT = 16\n")
+    importlib.invalidate_caches()
+    first = session_index.checks_version(("dflash_checks_probe",))
+    assert session_index._module_digest("dflash_checks_probe").startswith("src:")
+    probe.write_text("LIMIT = 17  # stricter\n")
+    assert session_index.checks_version(("dflash_checks_probe",)) == first  # worked out once a run
+    session_index.checks_version.cache_clear()
+    assert session_index.checks_version(("dflash_checks_probe",)) != first
+    # no source (an install of compiled files only): the compiled code, which changes with it
+    assert compileall.compile_file(str(probe), legacy=True, quiet=1)
+    probe.unlink()
+    monkeypatch.delitem(sys.modules, "dflash_checks_probe")
+    importlib.invalidate_caches()
+    assert session_index._module_digest("dflash_checks_probe").startswith("code:")
+    # neither (a built-in, a module that cannot be found): the app's version, never an error
+    assert session_index._module_digest("sys") == session_index._module_digest("no_such_module_here")
+    assert session_index._module_digest("sys").startswith("version:")
+    session_index.checks_version.cache_clear()
+    assert len(session_index.checks_version()) == 32

@@ -52,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _line(s) -> str:
+    from dflash_tui.session_record import cut_title  # here: building the parser loads no session code
+
     tpc = f"{s.tokens_per_cycle:.2f} tok/cycle" if s.tokens_per_cycle is not None else "target only"
     updated = one_line(s.updated[:16].replace("T", " "))
-    return f"{s.id}  {updated}  {s.messages:>3} msgs  {tpc:>15}  {one_line(s.model):<18}  {one_line(s.title)}"
+    title = one_line(cut_title(s.title))  # as the app cuts its titles: a file edited by hand may hold any length
+    return f"{s.id}  {updated}  {s.messages:>3} msgs  {tpc:>15}  {one_line(s.model):<18}  {title}"
 
 
 def _list(store, args) -> int:
@@ -74,6 +77,9 @@ def _list(store, args) -> int:
 
 
 def _search(store, args) -> int:
+    if not args.text.strip():  # every session "holds" nothing: a usage error, as argparse's are (exit 2)
+        raise UserError("sessions search: give a word to look for (`sessions list` lists every session)",
+                        exit_code=2)
     store.check()
     hits, problems = store.search(args.text, snippets=max(0, args.snippets))
     if args.json:

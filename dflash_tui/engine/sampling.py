@@ -18,6 +18,11 @@ from typing import Optional
 import mlx.core as mx
 
 _NEG_INF = float("-inf")
+# a drawn seed's bits. The seed is recorded (a session, `generate --json`, a reply's stats) so that the reply
+# can be redone: 31 bits fit every place it can be given back (config.toml's seed, `--seed`, whose range is
+# 0 to 2^31 - 1) and every JSON reader (a double holds integers exactly up to 2^53). A seed given through the
+# API may be any int: it is taken modulo 2^64, what mx.random.key takes.
+SEED_BITS = 31
 
 
 def greedy(logits: mx.array) -> mx.array:
@@ -75,7 +80,7 @@ class KeyStream:
 
     def __init__(self, seed: Optional[int] = None):
         if seed is None:
-            seed = secrets.randbits(64)
+            seed = secrets.randbits(SEED_BITS)
         self.seed = int(seed) % (1 << 64)  # mx.random.key takes an unsigned 64-bit seed
         self._key = mx.random.key(self.seed)
 

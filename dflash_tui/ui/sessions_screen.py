@@ -19,6 +19,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from dflash_tui.printable import one_line, plain, printable
+from dflash_tui.session_record import TITLE_CHARS
 from dflash_tui.sessions import Session, SessionError, SessionStore, SessionSummary
 from dflash_tui.ui.plain_notify import PlainNotify
 
@@ -84,7 +85,7 @@ class RenameScreen(PlainNotify, ModalScreen[Optional[str]]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("New title (Enter saves, Esc cancels)")
+            yield Label(f"New title, up to {TITLE_CHARS} characters (Enter saves, Esc cancels)")
             yield Input(one_line(self.current), id="title")
 
     @on(Input.Submitted)
@@ -239,7 +240,9 @@ class SessionsScreen(PlainNotify, Screen[Result]):
             except (SessionError, OSError) as exc:
                 self.notify(f"not renamed: {exc}", severity="error")
                 return
-            self.notify(f"Renamed to “{session.title}”", timeout=2)
+            cut = session.title != " ".join(title.split())  # the store keeps TITLE_CHARS: say so, never silently
+            note = f" (cut to {TITLE_CHARS} characters)" if cut else ""
+            self.notify(f"Renamed to “{session.title}”{note}", timeout=4 if cut else 2)
             self.reload(keep=session.id)
 
         self.app.push_screen(RenameScreen(summary.title), renamed)
