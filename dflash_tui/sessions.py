@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
-from dflash_tui.files import atomic_write, read_regular_file, sweep_stale_temps, write_new_file
+from dflash_tui.files import Refused, atomic_write, read_regular_file, sweep_stale_temps, write_new_file
 from dflash_tui.session_export import export_text, to_json, to_markdown
 from dflash_tui.session_index import SearchHit, SessionIndex
 from dflash_tui.session_record import (
@@ -46,6 +46,8 @@ __all__ = ["FORMAT", "ROLES", "SCHEMA_VERSION", "Message", "SearchHit", "Session
            "SessionSummary", "StoreUnusable", "TraceRecorder", "export_text", "first_prefill", "make_title",
            "read_session", "reply_summary", "session_from_dict", "timed_trace", "to_json", "to_markdown"]
 
+
+MAX_EXPORTS = 999  # numbered exports of one session (and part) in the exports folder
 
 # -- the store ---------------------------------------------------------------------
 def default_root() -> Path:
@@ -273,8 +275,9 @@ class SessionStore:
     def export(self, session: Session, fmt: str, dest: Optional[Path] = None, message: Optional[str] = None,
                branch: Optional[str] = None) -> Path:
         """Write a Markdown or JSON export (see session_export); default under the data dir's `exports/`
-        (made if need be, an earlier export of the same replaced). A `dest` given must be a new file in a
-        folder that exists: files.Refused (an OSError) otherwise."""
+        (made if need be; beside an earlier export of the same, `-2`, `-3`, ...: never over one, which the
+        user may have edited). A `dest` given must be a new file in a folder that exists: files.Refused (an
+        OSError) otherwise."""
         payload = export_text(session, fmt, message=message, branch=branch).encode("utf-8")
         if dest is not None:
             dest = Path(dest).expanduser()
@@ -282,7 +285,14 @@ class SessionStore:
             return dest
         part = message or branch
         suffix = f"-{part}" if part and valid_id(part) else ""
-        dest = self.root.parent / "exports" / f"{session.id}{suffix}.{'json' if fmt == 'json' else 'md'}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest, payload)
-        return dest
+        folder, ext = self.root.parent / "exports", "json" if fmt == "json" else "md"
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in range(1, MAX_EXPORTS + 1):
+            dest = folder / f"{session.id}{suffix}{'' if n == 1 else f'-{n}'}.{ext}"
+            try:
+                write_new_file(dest, payload)
+                return dest
+            except Refused:
+                if not os.path.lexists(dest):
+                    raise  # not a name taken: the folder itself is the problem
+        raise Refused(f"{MAX_EXPORTS} exports of this session already in {folder}: move some away")

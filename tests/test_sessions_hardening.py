@@ -122,9 +122,13 @@ def test_export_never_replaces_a_file(store, tmp_path, capsys):
     assert _run(capsys, "sessions", "export", s.id, "-o", str(fresh))[0] == 0
     assert "a private question" in fresh.read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no temp file left
-    first = store.export(s, "markdown")  # the app's own exports/ folder: made, and a newer export replaces it
+    first = store.export(s, "markdown")  # the app's own exports/ folder: made; a newer export goes beside it
+    first.write_text(first.read_text() + "my edit\n")
     s.add_message("user", "one more")
-    assert store.export(s, "markdown") == first and "one more" in first.read_text()
+    second = store.export(s, "markdown")
+    assert second == first.with_name(f"{s.id}-2.md") and "one more" in second.read_text()
+    assert first.read_text().endswith("my edit\n")  # the user's edit is still there
+    assert store.export(s, "markdown").name == f"{s.id}-3.md"
 
 
 # -- ambiguous prefixes ---------------------------------------------------------------------------------
