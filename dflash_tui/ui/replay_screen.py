@@ -158,7 +158,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
             done = message.done()
             if done is not None:  # the settings this reply ran with (block size, baseline or not)
                 mode = done.stats.get("mode")
-                ran = {k: done.stats[k] for k in ("temperature", "seed", *REPLY_SETTINGS) if k in done.stats}
+                ran = {k: done.stats[k] for k in ("temperature", *REPLY_SETTINGS) if k in done.stats}
                 self.meter.set_settings({**self.session.settings, **ran, "mode": mode,
                                          "block_size": 1 if mode == "baseline" else done.stats.get("block_size")})
                 self._baseline_of(done)
