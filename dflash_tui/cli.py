@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("dflash_tui.commands.doctor", "which draft a model gets, whether the pair fits, and in how much memory"),
     "serve": ("dflash_tui.commands.serve", "an OpenAI-compatible HTTP server with per-request DFlash figures"),
 }
+# the commands whose decoding flags (--temp, --max-tokens…) take what /temp, /max-tokens… and config.toml take
+SETTING_COMMANDS = ("chat", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +80,10 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(f"dflash-tui: '{args.command}' is not available in this build", file=sys.stderr)
         return 2
     try:
+        if args.command in SETTING_COMMANDS:
+            from dflash_tui.commands.common import check_setting_flags
+
+            check_setting_flags(args)  # before anything loads: a refused value is one line, exit 2
         return int(importlib.import_module(args._module).run(args) or 0)
     except UserError as exc:
         print(f"dflash-tui: {one_line(str(exc))}", file=sys.stderr)  # file names and data in it stay inert

@@ -11,6 +11,7 @@ from dflash_tui.commands.common import (
     add_draft_quant_argument,
     add_model_arguments,
     block_size_from_args,
+    check_setting_flags,
     resolve_pair,
 )
 from dflash_tui.errors import UserError
@@ -26,11 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", "-p", help="a user message (default: a short coding request)")
     src.add_argument("--prompts", type=Path, metavar="FILE", help="one user message per line, or JSONL with a 'prompt' field")
-    parser.add_argument("--max-tokens", type=int, default=256, metavar="N")
-    parser.add_argument("--runs", type=int, default=3, metavar="N", help="runs per prompt; the median is reported")
-    parser.add_argument("--cooldown", type=float, default=1.0, metavar="S", help="seconds of rest between runs")
+    parser.add_argument("--max-tokens", default=256, metavar="N",
+                        help="longest reply of each run, in tokens; at least 2 (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=3, metavar="N",
+                        help="runs per prompt; the median is reported (default: %(default)s)")
+    parser.add_argument("--cooldown", type=float, default=1.0, metavar="S",
+                        help="seconds of rest between runs (default: %(default)s)")
     add_block_size_argument(parser, default="auto", default_text="auto")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T")
+    parser.add_argument("--temp", "--temperature", dest="temperature", default=0.0, metavar="T",
+                        help="sampling temperature; 0 = greedy (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the JSON report here")
 
@@ -61,8 +66,12 @@ def run(args: argparse.Namespace) -> int:
     from dflash_tui.engine.block_limit import refusal
     from dflash_tui.engine.loading import load_pair
 
-    if args.runs < 1 or args.max_tokens < 2:
-        raise UserError("--runs must be >= 1 and --max-tokens >= 2")
+    check_setting_flags(args)  # done already by cli.main: --max-tokens and --temp take what config.toml takes
+    if args.max_tokens < 2:  # bench's own floor: its tok/s counts the tokens after the first
+        raise UserError(f"--max-tokens: bench needs 2 or more (its tok/s counts the tokens after the first), got {args.max_tokens}",
+                        exit_code=2)
+    if args.runs < 1:
+        raise UserError(f"--runs: must be at least 1, got {args.runs}", exit_code=2)
     block = block_size_from_args(args, ALONE)
     texts = read_prompts(args)
     model, draft = resolve_pair(args)

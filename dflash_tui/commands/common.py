@@ -32,15 +32,65 @@ def _draft_quant(text: str) -> int:
     return int(text)
 
 
+# the decoding flags of chat, generate and bench: argparse dest -> (the flag named in a refusal, config.toml's key)
+SETTING_FLAGS: dict[str, tuple[str, str]] = {
+    "temp": ("--temp", "temperature"),  # chat's dest
+    "temperature": ("--temp", "temperature"),  # generate's and bench's
+    "top_p": ("--top-p", "top_p"),
+    "top_k": ("--top-k", "top_k"),
+    "min_p": ("--min-p", "min_p"),
+    "max_tokens": ("--max-tokens", "max_tokens"),
+    "seed": ("--seed", "seed"),
+}
+
+
+def check_setting_flags(args: argparse.Namespace) -> None:
+    """One rule for a setting everywhere: a decoding flag given is checked by the validator /temp, /top-p…
+    and config.toml use (config.VALIDATORS) and replaced by its value; a refused one is one line naming the
+    flag and its range, exit 2 (as argparse's errors). Checked values pass again unchanged."""
+    from dflash_tui.config import VALIDATORS, BadValue
+
+    for dest, (flag, key) in SETTING_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        try:
+            setattr(args, dest, VALIDATORS[key](value))
+        except BadValue as exc:
+            message = str(exc)
+            if not message.startswith("must be"):  # not a number: name the range as well
+                message += _setting_range(VALIDATORS[key])
+            raise UserError(f"{flag}: {message}", exit_code=2) from None
+
+
+def _setting_range(check) -> str:
+    """The range a config validator takes, in its own words, as '; must be between 1 and 1000000' (what it
+    says of a number below every range: the limits live in config.py only); '' where it says none."""
+    from dflash_tui.config import BadValue
+
+    try:
+        check(-(10**30))
+    except BadValue as exc:
+        text = str(exc)
+        return "; " + text.rsplit(", got ", 1)[0] if text.startswith("must be") else ""
+    return ""
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    """generate's decoding flags: text here, checked by `check_setting_flags` before the command runs."""
     g = parser.add_argument_group("decoding")
-    g.add_argument("--max-tokens", type=int, default=512, metavar="N")
+    g.add_argument("--max-tokens", default=512, metavar="N", help="longest reply, in tokens (default: %(default)s)")
     add_block_size_argument(g, default=None, default_text="0, the draft's own")
-    g.add_argument("--temperature", "--temp", type=float, default=0.0, metavar="T", help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    g.add_argument("--top-k", type=int, default=0, metavar="K")
-    g.add_argument("--min-p", type=float, default=0.0, metavar="P")
-    g.add_argument("--seed", type=int, default=None, metavar="S")
+    g.add_argument("--temp", "--temperature", dest="temperature", default=0.0, metavar="T",
+                   help="sampling temperature; 0 = greedy (default: %(default)s)")
+    g.add_argument("--top-p", default=1.0, metavar="P",
+                   help="nucleus sampling: the top tokens up to probability P (default: %(default)s = off)")
+    g.add_argument("--top-k", default=0, metavar="K",
+                   help="sample from the K likeliest tokens (default: %(default)s = off)")
+    g.add_argument("--min-p", default=0.0, metavar="P",
+                   help="drop tokens less likely than P times the likeliest (default: %(default)s = off)")
+    g.add_argument("--seed", default=-1, metavar="S",
+                   help="fix the sampling seed, so a sampled reply can be redone (default: %(default)s = none)")
 
 
 def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
@@ -130,12 +180,7 @@ def resolve_pair(args: argparse.Namespace) -> tuple[str, Optional[str]]:
 def settings_from_args(args: argparse.Namespace, **extra):
     from dflash_tui.engine.conversation import GenerationSettings
 
-    if args.max_tokens < 1:
-        raise UserError("--max-tokens must be at least 1")
-    if args.temperature < 0:
-        raise UserError("--temperature must be >= 0")
-    if not 0.0 < args.top_p <= 1.0:
-        raise UserError("--top-p must be in (0, 1]")
+    check_setting_flags(args)  # done already by cli.main; a namespace built elsewhere gets the same rule
     block = args.block_size
     kwargs = dict(
         max_tokens=args.max_tokens,
@@ -144,7 +189,7 @@ def settings_from_args(args: argparse.Namespace, **extra):
         top_p=args.top_p,
         top_k=args.top_k,
         min_p=args.min_p,
-        seed=args.seed,
+        seed=None if args.seed is None or args.seed < 0 else args.seed,  # -1: none, as in config.toml
     )
     kwargs.update(extra)
     return GenerationSettings(**kwargs)
