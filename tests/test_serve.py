@@ -243,9 +243,32 @@ def test_baseline_and_block_size_per_request(server, client):
     _, events, _ = _block_stream(client)
     assert any(len(e.drafted) > 3 for e in events if isinstance(e, Block))
 
-    with pytest.raises(openai.BadRequestError, match="trained to draft blocks of 16 tokens"):
-        client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=2,
-                                       extra_body={"dflash": {"block_size": 17}})
+    # 0: the draft's own block, as --block-size 0 and /block 0
+    _, events, _ = _block_stream(client, {"block_size": 0})
+    assert events[-1].text == normal.text and events[-1].stats["block_size"] == 16
+    assert any(len(e.drafted) > 3 for e in events if isinstance(e, Block))
+
+
+def test_block_size_1_and_past_the_draft_are_refused_in_the_clis_words(client):
+    from dflash_tui.engine.block_limit import refusal
+
+    def refused(block) -> str:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "x"}], max_tokens=2,
+                                           extra_body={"dflash": {"block_size": block}})
+        assert caught.value.status_code == 400
+        return caught.value.body["message"]
+
+    # `serve --block-size 1` says it before loading anything: the request is told the same, field for flag
+    cli = subprocess.run([sys.executable, "-m", "dflash_tui", "serve", "--demo", "--block-size", "1"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and "--block-size 1: " in cli.stderr, cli.stderr
+    words = cli.stderr.strip().split("--block-size 1: ", 1)[1]
+    assert "1 drafts nothing" in words and '"baseline": true' in words  # how a request runs the target alone
+    assert refused(1) == f"'dflash.block_size' 1: {words}"
+    assert refused(17) == f"'dflash.block_size': {refusal(17, 16)}"  # /block 17's and serve --block-size 17's words
+    assert refused(-1).startswith("'dflash.block_size' -1: a block size is auto, 0 (the draft's own) or a number")
+    assert refused("4").startswith("'dflash.block_size' must be a number or \"auto\"")
 
 
 def test_a_server_without_a_draft_takes_baseline_and_refuses_a_block_size(qwen3_dirs, client):
@@ -254,13 +277,16 @@ def test_a_server_without_a_draft_takes_baseline_and_refuses_a_block_size(qwen3_
     args = ["--model", str(qwen3_dirs["target"]), "--log-level", "warning"]
     with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
         alone = openai.OpenAI(base_url=s.base_url + "/v1", api_key="none", max_retries=0, timeout=60)
-        for ext in ({"baseline": True}, {"block_size": "auto"}, {"block_size": 1}):
+        for ext in ({"baseline": True}, {"block_size": "auto"}, {"block_size": 0}):
             r = alone.chat.completions.create(model="target", messages=messages, max_tokens=20, extra_body={"dflash": ext})
             assert r.choices[0].message.content == ref, ext
             assert r.model_extra["metrics"]["speculative_decoding"]["num_draft_tokens"] == 0
         with pytest.raises(openai.BadRequestError, match="this server has no draft"):
             alone.chat.completions.create(model="target", messages=messages, max_tokens=2,
                                           extra_body={"dflash": {"block_size": 4}})
+        with pytest.raises(openai.BadRequestError, match="1 drafts nothing"):
+            alone.chat.completions.create(model="target", messages=messages, max_tokens=2,
+                                          extra_body={"dflash": {"block_size": 1}})
         assert s.stop() == 0
 
 
@@ -314,14 +340,16 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"load": "/etc/passwd"}}).encode(), 400, "dflash"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"bsize": 4}}).encode(), 400,
      "'baseline' (booleans) and 'block_size'"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 0}}).encode(), 400,
-     "'dflash.block_size' must be an integer >= 1 or \"auto\""),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 1}}).encode(), 400,
+     "'dflash.block_size' 1: a block size is auto, 0 (the draft's own) or a number from 2"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": "big"}}).encode(), 400,
      "'dflash.block_size' must be"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 4.0}}).encode(), 400,
      "'dflash.block_size' must be"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 10**30}}).encode(), 400,
-     "refused: the draft was trained to draft blocks of 16"),
+     "a block size is auto, 0 (the draft's own) or a number from 2 up to the draft's own"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"block_size": 17}}).encode(), 400,
+     "block size 17 refused: the draft was trained to draft blocks of 16"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "dflash": {"baseline": "yes"}}).encode(), 400,
      "'dflash.baseline' must be true or false"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "model": "/etc/passwd"}).encode(), 404, "does not load"),

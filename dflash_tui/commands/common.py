@@ -125,21 +125,33 @@ def add_block_size_argument(parser: "argparse._ActionsContainer", default: Optio
                              f"(default: {default_text})")
 
 
-def parse_block_size(text: Union[str, int, None], alone: str) -> Union[int, str, None]:
-    """The rule chat and config.toml apply: "auto", 0 (the draft's own: None) or 2..; the draft's own limit
-    is checked once it is loaded (`block_limit.refusal`). `alone`: where this command runs the target alone."""
-    if text is None:
-        return None
+def block_size_problem(text: Union[str, int], alone: str) -> Optional[str]:
+    """Why `text` is not a block size by the one rule (the rule; for 1, also `alone`: where this command runs
+    the target alone), or None where it is one."""
     from dflash_tui.config import VALIDATORS, BadValue
 
     try:
-        value = VALIDATORS["block_size"](text)
+        VALIDATORS["block_size"](text)
+        return None
     except BadValue:
         try:
             one = int(str(text).strip()) == 1
         except ValueError:
             one = False
-        raise UserError(f"--block-size {text}: {BLOCK_SIZE_RULE}" + (f"; 1 drafts nothing: {alone}" if one else "")) from None
+        return BLOCK_SIZE_RULE + (f"; 1 drafts nothing: {alone}" if one else "")
+
+
+def parse_block_size(text: Union[str, int, None], alone: str) -> Union[int, str, None]:
+    """The rule chat and config.toml apply: "auto", 0 (the draft's own: None) or 2..; the draft's own limit
+    is checked once it is loaded (`block_limit.refusal`). `alone`: where this command runs the target alone."""
+    if text is None:
+        return None
+    problem = block_size_problem(text, alone)
+    if problem:
+        raise UserError(f"--block-size {text}: {problem}")
+    from dflash_tui.config import VALIDATORS
+
+    value = VALIDATORS["block_size"](text)
     return None if value == 0 else value
 
 

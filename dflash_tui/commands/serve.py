@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from dflash_tui.commands.common import (add_block_size_argument, add_distributed_arguments, add_draft_quant_argument,
                                         add_model_arguments, block_size_from_args, resolve_pair)
 from dflash_tui.errors import UserError
+from dflash_tui.server.openai_format import ALONE
 
 if TYPE_CHECKING:
     from dflash_tui.engine.distributed import Ranks
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 API_KEY_ENV = "DFLASH_TUI_API_KEY"
 DEFAULT_MAX_TOKENS_LIMIT = 4096
 DEFAULT_MAX_QUEUE = 64
-ALONE = 'a request\'s "dflash": {"baseline": true} runs the target alone'
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,10 +23,11 @@ from starlette.routing import Route
 
 from dflash_tui.engine.events import Block, Done, Prefill, event_to_dict
 from dflash_tui.server import openai_format as fmt
-from dflash_tui.server.engine_thread import END, EngineGone, EngineThread, Job, QueueFull
+from dflash_tui.server.engine_thread import END, SHUTTING_DOWN, EngineGone, EngineThread, Job, QueueFull
 from dflash_tui.server.metrics import ServerMetrics
 from dflash_tui.server.openai_format import Limits, RequestError
 from dflash_tui.server.reply import Reply
+from dflash_tui.server.signals import chain_exit_signals
 
 log = logging.getLogger("dflash_tui.server")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB of JSON is far more than any context this engine serves
@@ -90,6 +91,13 @@ def sse(data: Any) -> str:
 def build_app(cfg: ServerConfig) -> Starlette:
     token_texts = TokenTexts(cfg.engine.tokenizer)
 
+    def exit_signal() -> None:  # Ctrl+C or SIGTERM: stop the engine now, so every open request ends at once
+        cfg.engine.begin_stop()
+
+    def unfinished() -> str:
+        """Why a reply ended before its finish reason: the shutdown, or a cancel."""
+        return SHUTTING_DOWN if cfg.engine.stopping else "the generation was stopped before it finished"
+
     def authorized(request: Request) -> bool:
         if cfg.api_key is None:
             return True
@@ -129,16 +137,16 @@ def build_app(cfg: ServerConfig) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         if (r := refused(request)) is not None:
             return r
+        chain_exit_signals(exit_signal, asyncio.get_running_loop())  # uvicorn's handler is in force by now
         try:
             data = await read_json(request, cfg.max_body_bytes)
             req = fmt.parse_chat_request(data, cfg.limits)
-            prompt = await run_in_threadpool(prompt_ids, cfg.engine, req.messages)
+            prompt, limit = await run_in_threadpool(prompt_ids, cfg.engine, req.messages)
         except RequestError as exc:
             return error(exc.status, exc.message, exc.kind, exc.param, exc.code)
         settings = req.settings(cfg.limits.block_size)
-        room = context_room(cfg.engine, len(prompt))
-        if room is not None:  # the reply stops at the end of the model's context ("length")
-            settings.max_tokens = min(settings.max_tokens, room)
+        if limit is not None:  # the reply stops at the end of the model's context ("length")
+            settings.max_tokens = min(settings.max_tokens, max(1, limit - len(prompt)))
         job = Job(prompt, settings, asyncio.get_running_loop())
         try:
             cfg.engine.submit(job)
@@ -147,7 +155,7 @@ def build_app(cfg: ServerConfig) -> Starlette:
             return error(429, f"the server is busy: {cfg.engine.max_queue} requests are already waiting; retry later",
                          kind="rate_limit_error", code="queue_full", headers={"Retry-After": "1"})
         except EngineGone:
-            return error(503, "the server is shutting down", kind="server_error")
+            return error(503, SHUTTING_DOWN, kind="server_error")
         reply = Reply(job.arrived, len(prompt), cfg.engine.num_spec_tokens, req.stop, token_texts)
         cid, created = fmt.completion_id(), fmt.now()
         if req.stream:
@@ -169,7 +177,7 @@ def build_app(cfg: ServerConfig) -> Starlette:
         if reply.error is not None:
             return engine_error(reply.error)
         if reply.finish_reason not in ("stop", "length"):
-            return error(503, "the generation was stopped before it finished", kind="server_error")
+            return error(503, unfinished(), kind="server_error")
         use = fmt.usage(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
         return JSONResponse(fmt.completion(cid, cfg.model_id, created, reply.text, reply.finish_reason, use,
                                            reply.metrics(req.spec_metrics)))
@@ -207,7 +215,7 @@ def build_app(cfg: ServerConfig) -> Starlette:
                     use = fmt.usage(reply.prompt_tokens, reply.completion_tokens, reply.cached_tokens)
                     yield sse(fmt.chunk(cid, model, created, None, usage=use, metrics=figures))
             else:
-                yield sse(fmt.error_body("the generation was stopped before it finished", "server_error"))
+                yield sse(fmt.error_body(unfinished(), "server_error"))
             yield "data: [DONE]\n\n"
         finally:
             job.cancel()  # the client went away (or the reply is complete): the engine stops within a cycle
@@ -260,28 +268,26 @@ async def read_json(request: Request, limit: int) -> Any:
         raise RequestError("the request body is not valid JSON") from None
 
 
-def prompt_ids(engine: EngineThread, messages: list[dict[str, str]]) -> list[int]:
-    """Messages through the chat template; the context is checked here, before the queue."""
+def prompt_ids(engine: EngineThread, messages: list[dict[str, str]]) -> tuple[list[int], Optional[int]]:
+    """Messages through the chat template, and the model's context in tokens (None: unknown); the
+    context is checked here, before the queue."""
     from dflash_tui.engine.conversation import context_length
 
+    conversation = engine.conversation  # None once the engine has stopped and let the pair go
     try:
+        if conversation is None:
+            raise EngineGone()
         prompt = engine.prompt_ids(messages)
     except Exception as exc:  # the chat template refused the messages (a template's raise_exception)
+        if engine.stopping:  # Ctrl+C while the template ran: the pair may be gone
+            raise RequestError(SHUTTING_DOWN, status=503, kind="server_error") from None
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise RequestError(f"the chat template refused these messages: {first}", param="messages") from None
-    limit = context_length(engine.conversation.target)
+    limit = context_length(conversation.target)
     if limit is not None and len(prompt) >= limit:
         raise RequestError(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens",
                            param="messages", code="context_length_exceeded")
-    return prompt
-
-
-def context_room(engine: EngineThread, prompt_tokens: int) -> Optional[int]:
-    """Tokens left in the model's context after the prompt; None if the context is unknown."""
-    from dflash_tui.engine.conversation import context_length
-
-    limit = context_length(engine.conversation.target)
-    return None if limit is None else max(1, limit - prompt_tokens)
+    return prompt, limit
 
 
 async def events(job: Job) -> AsyncIterator[Any]:
@@ -317,4 +323,6 @@ def engine_error(message: str) -> Response:
     """An engine Error event as a response: the engine's own words, one line."""
     if message.startswith("generation failed"):
         return error(500, public_error(message), kind="server_error")
+    if message == SHUTTING_DOWN:  # a waiting request, failed when the engine stopped
+        return error(503, message, kind="server_error")
     return error(400, public_error(message))

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from dflash_tui.engine.distributed import Ranks
 
 END = None  # the last item a job's queue receives
+SHUTTING_DOWN = "the server is shutting down"  # what a request cut by Ctrl+C (or SIGTERM) is told: a 503
 PROBE_TOKENS = 32  # as the TUI's baseline probe (config.toml's baseline_probe_tokens)
 
 
@@ -130,15 +131,27 @@ class EngineThread:
             self._jobs.append(job)
             self._cond.notify()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    @property
+    def stopping(self) -> bool:
+        """True once the server is shutting down: no job is taken, the running one is being stopped."""
+        return self._stop.is_set()
+
+    def begin_stop(self) -> None:
+        """Take no more jobs and end the running and waiting ones, without waiting (the event loop
+        calls it at Ctrl+C): each reader gets SHUTTING_DOWN at once, even while the engine is inside
+        a long prefill chunk, and the engine stops at its next cancel check."""
         self._stop.set()
         with self._cond:
-            running = self._running
-            for job in self._jobs:
-                job.cancel()
+            ended = [*self._jobs, *([self._running] if self._running is not None else [])]
+            self._jobs.clear()
             self._cond.notify_all()
-        if running is not None:
-            running.cancel()
+        for job in ended:
+            job.cancel()
+            job.deliver(Error(SHUTTING_DOWN))  # after the events already sent; what the engine sends later
+            job.deliver(END)  # goes after this END, which nobody reads past
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.begin_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -178,7 +191,7 @@ class EngineThread:
                     job.deliver(END)
             with self._cond:  # shutting down: nobody waits for a reply that will not come
                 for job in self._jobs:
-                    job.deliver(Error("the server is shutting down"))
+                    job.deliver(Error(SHUTTING_DOWN))
                     job.deliver(END)
                 self._jobs.clear()
         finally:

@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from dflash_tui.engine.block_limit import past_training
+from dflash_tui.engine.block_limit import refusal
 
+ALONE = 'a request\'s "dflash": {"baseline": true} runs the target alone'  # the server's way, for a refusal of 1
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -181,14 +182,25 @@ EXTENSION_KEYS = ("blocks", "detailed", "baseline", "block_size")
 
 
 def _block_size(v: Any, draft_block: int) -> Union[int, str, None]:
-    if v is None or v == "auto":
-        return v
-    if not _is_int(v) or v < 1:
-        raise RequestError("'dflash.block_size' must be an integer >= 1 or \"auto\"", param="dflash")
-    if v > max(draft_block, 1):
-        why = (f"{past_training(v, draft_block)} (1 to {draft_block}, or \"auto\")" if draft_block
-               else "this server has no draft: the target runs alone, with no block to size (1 or \"auto\")")
-        raise RequestError(f"'dflash.block_size' {v} refused: {why}", param="dflash")
+    """`dflash.block_size` by the one rule of --block-size and /block (commands/common.py's
+    `parse_block_size`, `block_limit.refusal`), in their words: "auto", 0 (the draft's own) or 2 up to
+    the draft's own; 1 is refused with the way to run the target alone (`"baseline": true`)."""
+    from dflash_tui.commands.common import BLOCK_SIZE_RULE, block_size_problem
+
+    if v is None:
+        return None  # the server's --block-size
+    if v != "auto" and not _is_int(v):  # JSON's own types: "4", 4.0 or true is not a block size
+        raise RequestError(f"'dflash.block_size' must be a number or \"auto\": {BLOCK_SIZE_RULE}", param="dflash")
+    problem = block_size_problem(v, ALONE)
+    if problem:
+        raise RequestError(f"'dflash.block_size' {v}: {problem}", param="dflash")
+    if v == 0:  # the draft's own, whatever the server's --block-size
+        return draft_block or None
+    if v != "auto" and not draft_block:
+        raise RequestError(f"'dflash.block_size': block size {v} refused: this server has no draft: the target "
+                           "runs alone, with no block to size (0 or auto)", param="dflash")
+    if v != "auto" and (refused := refusal(v, draft_block)):
+        raise RequestError(f"'dflash.block_size': {refused}", param="dflash")
     return v
 
 
@@ -197,7 +209,7 @@ def _dflash(raw: Any, limits: Limits) -> Extension:
         return Extension(False, limits.spec_metrics)
     if not isinstance(raw, dict) or set(raw) - set(EXTENSION_KEYS):
         raise RequestError("'dflash' must be an object with only 'blocks', 'detailed', 'baseline' (booleans) "
-                           "and 'block_size' (an integer >= 1 or \"auto\")", param="dflash")
+                           "and 'block_size' (\"auto\", 0 or a number from 2 up to the draft's own)", param="dflash")
     for key in ("blocks", "detailed", "baseline"):
         if not isinstance(raw.get(key, False), bool):
             raise RequestError(f"'dflash.{key}' must be true or false", param="dflash")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Union
 from dflash_tui.engine.distributed import Ranks
 from dflash_tui.engine.events import Error
 from dflash_tui.errors import UserError
-from dflash_tui.server.engine_thread import END, EngineThread
+from dflash_tui.server.engine_thread import END, SHUTTING_DOWN, EngineThread
 
 
 class RankedEngineThread(EngineThread):
@@ -58,7 +58,7 @@ class RankedEngineThread(EngineThread):
         finally:
             with self._cond:  # nobody waits for a reply that will not come
                 for job in self._jobs:
-                    job.deliver(Error(self.fatal or "the server is shutting down"))
+                    job.deliver(Error(self.fatal or SHUTTING_DOWN))
                     job.deliver(END)
                 self._jobs.clear()
             self._release()
