@@ -134,3 +134,17 @@ def demo_pair_bundled() -> bool:
 def anyio_backend():
     """The event loop the async (Pilot) tests run on."""
     return "asyncio"
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """`dflash-tui chat`'s app, built and stopped before it takes the terminal (the CLI tests)."""
+    import sys
+
+    from dflash_tui.commands import chat
+
+    apps: list = []
+    monkeypatch.setattr(chat, "run_to_the_end", lambda app, **kw: apps.append(app) or 0)
+    interval = sys.getswitchinterval()
+    yield apps
+    sys.setswitchinterval(interval)

@@ -14,7 +14,6 @@ import pytest
 
 from conftest import demo_pair_bundled
 from dflash_tui import cli
-from dflash_tui.commands import chat
 from dflash_tui.engine.conversation import Conversation
 from dflash_tui.engine.events import Block, Done
 from test_cli_generate import assert_one_line_error
@@ -40,16 +39,6 @@ def recorded(monkeypatch) -> list[Any]:
 
     monkeypatch.setattr(Conversation, "generate", generate)
     return events
-
-
-@pytest.fixture
-def started(monkeypatch) -> list[Any]:
-    """chat's app, built and stopped before it takes the terminal."""
-    apps: list[Any] = []
-    monkeypatch.setattr(chat, "run_to_the_end", lambda app, **kw: apps.append(app) or 0)
-    interval = sys.getswitchinterval()
-    yield apps
-    sys.setswitchinterval(interval)
 
 
 def closing_line(stderr: str) -> re.Match:

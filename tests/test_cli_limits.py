@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from typing import Any
 
 import pytest
 
 from conftest import demo_pair_bundled
 from dflash_tui import cli
-from dflash_tui.commands import chat
 from dflash_tui.config import VALIDATORS, BadValue
 from test_cli_generate import cli as run_cli
 
@@ -46,16 +43,6 @@ def slash_takes(flag: str, value: str) -> bool:
     except BadValue:
         return False
     return True
-
-
-@pytest.fixture
-def started(monkeypatch) -> list[Any]:
-    """chat's app, built and stopped before it takes the terminal."""
-    apps: list[Any] = []
-    monkeypatch.setattr(chat, "run_to_the_end", lambda app, **kw: apps.append(app) or 0)
-    interval = sys.getswitchinterval()
-    yield apps
-    sys.setswitchinterval(interval)
 
 
 def main(argv: list[str], capsys) -> tuple[int, list[str]]:

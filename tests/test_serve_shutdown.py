@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("openai")
 
 from dflash_tui.server.launch import ServerProcess  # noqa: E402
+from test_serve import wait_for  # noqa: E402
 
 LONG = 20000  # more than the tiny target writes before its EOS: the request is still running at Ctrl+C
 CLIENT = r"""
@@ -51,15 +52,6 @@ def health(server: ServerProcess) -> dict:
         return json.loads(r.read())
 
 
-def wait_for(predicate, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def result(proc: subprocess.Popen) -> dict:
     out, err = proc.communicate(timeout=30)
     lines = [line for line in out.splitlines() if line.startswith("{")]
@@ -80,9 +72,9 @@ def test_ctrl_c_ends_running_and_waiting_requests_with_one_error_each(qwen3_dirs
             if running == "stream":
                 assert first.stdout.readline().strip() == "TEXT"  # the reply is being written
             else:
-                assert wait_for(lambda: health(s)["running"] == 1)
+                assert wait_for(lambda: health(s)["running"] == 1, timeout=30)
             clients.append(client(s.base_url, waiting, "hello again"))
-            assert wait_for(lambda: health(s)["waiting"] == 1)
+            assert wait_for(lambda: health(s)["waiting"] == 1, timeout=30)
             assert first.poll() is None and health(s)["running"] == 1
 
             s.proc.send_signal(signal.SIGINT)
