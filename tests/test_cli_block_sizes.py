@@ -90,6 +90,7 @@ def test_a_refused_block_size_is_one_line_with_one_rule(command, value, qwen3_di
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command[0]} took --block-size {value}")
     assert_one_line_error(r, f"--block-size {value}: {RULE}")
+    assert r.returncode == 2  # a usage error, as every other flag's
     if value == "1":
         assert "1 drafts nothing" in r.stderr and "target alone" in r.stderr, r.stderr
 

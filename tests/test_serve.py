@@ -262,7 +262,7 @@ def test_block_size_1_and_past_the_draft_are_refused_in_the_clis_words(client):
     # `serve --block-size 1` says it before loading anything: the request is told the same, field for flag
     cli = subprocess.run([sys.executable, "-m", "dflash_tui", "serve", "--demo", "--block-size", "1"],
                          capture_output=True, text=True, timeout=60)
-    assert cli.returncode == 1 and "--block-size 1: " in cli.stderr, cli.stderr
+    assert cli.returncode == 2 and "--block-size 1: " in cli.stderr, cli.stderr
     words = cli.stderr.strip().split("--block-size 1: ", 1)[1]
     assert "1 drafts nothing" in words and '"baseline": true' in words  # how a request runs the target alone
     assert refused(1) == f"'dflash.block_size' 1: {words}"

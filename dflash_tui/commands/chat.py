@@ -129,7 +129,7 @@ def apply_flags(args: argparse.Namespace, loaded) -> None:
         try:
             setattr(loaded.config, key, VALIDATORS[key](value))
         except BadValue as exc:
-            raise UserError(f"--{flag.replace('_', '-')}: {exc}") from None
+            raise UserError(f"--{flag.replace('_', '-')}: {exc}", exit_code=2) from None  # a usage error, as argparse's
         loaded.given.add(key)
 
 

@@ -148,7 +148,7 @@ def parse_block_size(text: Union[str, int, None], alone: str) -> Union[int, str,
         return None
     problem = block_size_problem(text, alone)
     if problem:
-        raise UserError(f"--block-size {text}: {problem}")
+        raise UserError(f"--block-size {text}: {problem}", exit_code=2)  # a usage error, as the other flags
     from dflash_tui.config import VALIDATORS
 
     value = VALIDATORS["block_size"](text)
