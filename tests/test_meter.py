@@ -10,7 +10,8 @@ import pytest
 
 from fixtures.harness import PanesApp, trace_session
 from dflash_tui.engine.events import Block, Done, Prefill
-from dflash_tui.ui.meter import MeterState, SystemMeter, fmt_bytes, fmt_rate, sampling_label, short_name
+from dflash_tui.ui.figure_text import fmt_bytes, fmt_rate, sampling_label, short_name
+from dflash_tui.ui.meter import MeterState, SystemMeter
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.anyio

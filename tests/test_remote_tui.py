@@ -17,7 +17,7 @@ from dflash_tui.server.launch import ServerProcess
 from dflash_tui.ui.acceptance import REMOTE_NONE, CountRow, text_only
 from dflash_tui.ui.app import DFlashApp
 from dflash_tui.ui.chat_view import AssistantMessage
-from dflash_tui.ui.meter import fmt_rate
+from dflash_tui.ui.figure_text import fmt_rate
 
 pytestmark = pytest.mark.anyio
 SIZE = (160, 48)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from dflash_tui.ui.meter import fmt_bytes
+from dflash_tui.ui.figure_text import fmt_bytes
 
 if TYPE_CHECKING:
     from dflash_tui.remote.client import RemoteTarget
