@@ -168,3 +168,14 @@ def test_hostile_names_are_neutralised(tmp_path, qwen3_dirs, capsys):
     assert "t\\x1b]0;owned\\x07\\u202e" in out
     rc, out, _ = doctor(capsys, "--model", "evil/\x1b[2Jname", "--json")
     assert rc == 1 and "\x1b" not in out and json.loads(out)["target"] == "evil/\x1b[2Jname"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--demo", "--tokens", "0"], "--tokens must be at least 1"),
+    (["--demo", "--pipeline"], "--pipeline needs --distributed"),
+    (["--draft", "/nonexistent"], "--draft needs --model"),
+])
+def test_a_usage_error_exits_2_not_the_1_of_a_failed_check(flags, says, capsys):
+    assert main(["doctor", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err

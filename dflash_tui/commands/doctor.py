@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     from dflash_tui.engine.facts import Location
 
 NOT_CHECKED = 3
+USAGE = 2  # as argparse's own errors
 _MARK = {True: "ok", False: "FAIL", None: "?"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = ("Reads config files and weight-file headers only; downloads nothing. Exit status: 0 everything "
-                     "fits, 1 a check failed, 3 some checks need files not downloaded yet.")
+                     "fits, 1 a check failed, 2 a usage error, 3 some checks need files not downloaded yet.")
     parser.add_argument("--model", "-m", metavar="M", help="target: a local mlx-lm model directory or a hub repo id")
     parser.add_argument("--draft", "-d", metavar="D", help="DFlash draft (default: the registry's for --model)")
     parser.add_argument("--demo", action="store_true", help="check the bundled demo pair (the default without --model)")
@@ -55,9 +56,14 @@ def run(args: argparse.Namespace) -> int:
     from dflash_tui.engine.diagnose import diagnose
 
     tokens = args.tokens
-    if tokens is not None and tokens < 1:
-        raise UserError("--tokens must be at least 1")
-    model, draft = resolve_pair(args)
+    try:  # a usage error exits 2 here: doctor's 1 means a check failed
+        if tokens is not None and tokens < 1:
+            raise UserError("--tokens must be at least 1")
+        if getattr(args, "pipeline", False) and not getattr(args, "distributed", False):
+            raise UserError("--pipeline needs --distributed (under mlx.launch)")
+        model, draft = resolve_pair(args)
+    except UserError as exc:
+        raise UserError(str(exc), exit_code=USAGE) from None
     demo = args.demo or not args.model
     diag = diagnose(model, draft, tokens, draft_reason="the bundled demo pair" if demo else "given with --draft")
     if getattr(args, "distributed", False) and not _add_ranks(args, diag):
