@@ -337,3 +337,35 @@ def test_the_live_speed_counts_the_tokens_after_the_first_as_the_engines_does():
     assert s.tps == pytest.approx(9 / 0.5)
     s.on_blocks([Block(4, [], 0, [6], "b")], 0.5)  # a target-alone step later on counts
     assert s.tps == pytest.approx(10 / 1.0) and s.turn_tokens == 10
+
+
+def _contrast(a: tuple, b: tuple) -> float:
+    def lum(c: tuple) -> float:
+        def ch(v: float) -> float:
+            v /= 255
+            return v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4
+        return 0.2126 * ch(c[0]) + 0.7152 * ch(c[1]) + 0.0722 * ch(c[2])
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+async def test_the_meters_coloured_figures_are_readable_in_every_theme_offered():
+    """Bold figures at 3:1 against the meter's background at least, light themes included (textual-light drew
+    the warning figure at 1.5:1); ansi-* themes take the terminal's own colours and cannot be measured."""
+    from dflash_tui.ui.themes import load_themes
+
+    app = PanesApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        for theme in load_themes()[0]:
+            app.register_theme(theme)
+        body = app.query_one(SystemMeter)._body
+        low = []
+        for name in sorted(t for t in app.available_themes if not t.startswith("ansi")):
+            app.theme = name
+            await pilot.pause()
+            background = body.background_colors[1].rgb
+            for figure in ("big", "good", "warn"):
+                ratio = _contrast(tuple(body.style(figure).color.get_truecolor()), background)
+                if ratio < 3.0:
+                    low.append((name, figure, round(ratio, 2)))
+        assert not low, low

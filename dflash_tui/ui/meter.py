@@ -189,6 +189,10 @@ class MeterText(Widget):
     MeterText > .meter--good { color: $success; text-style: bold; }
     MeterText > .meter--warn { color: $warning; text-style: bold; }
     MeterText > .meter--muted { color: $text-disabled; }
+    /* on a light background the plain colours can be too pale to read (textual-light: 1.5:1) */
+    MeterText:light > .meter--big { color: $text-accent; }
+    MeterText:light > .meter--good { color: $text-success; }
+    MeterText:light > .meter--warn { color: $text-warning; }
     """
 
     def __init__(self, build: Callable[["MeterText", bool], Text], lines: int, **kwargs) -> None:
