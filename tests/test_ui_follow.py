@@ -33,3 +33,26 @@ async def test_a_sent_message_is_followed_after_focusing_an_earlier_one(qwen3_di
         await finish_turn(pilot, app)
         await pilot.pause(0.2)
         assert chat.scroll_y == chat.max_scroll_y, (chat.scroll_y, chat.max_scroll_y)  # the new reply in view
+
+
+async def test_a_burst_typed_on_a_focused_message_is_sent_whole_by_its_enter(qwen3_dirs):
+    """Keys typed fast on the conversation all reach the prompt, the Enter among them too (it arrived
+    before the focus did, and was lost: '/max-tokens 7' stayed in the prompt)."""
+    from textual import events
+
+    from dflash_tui.ui.chat_view import AssistantMessage
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 3
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "first question")
+        await finish_turn(pilot, app)
+        reply = app.chat.query(AssistantMessage).last()
+        reply.focus()
+        await pilot.pause(0.2)
+        for ch in "/max-tokens 7":  # as a terminal's burst: all queued before the first is handled
+            app.post_message(events.Key("space" if ch == " " else ch, ch))
+        app.post_message(events.Key("enter", "\r"))
+        await wait_for(pilot, lambda: app.options.max_tokens == 7, what="the command to be sent")
+        assert app.prompt.text == ""

@@ -423,6 +423,7 @@ class ChatView(VerticalScroll):
     """The conversation pane."""
 
     def on_mount(self) -> None:
+        self._typed_to_prompt = False  # keys typed here went to the prompt, which has not taken the focus yet
         self.anchor()
 
     # typing or pasting while the conversation (or a message in it) has focus goes to the prompt,
@@ -433,12 +434,23 @@ class ChatView(VerticalScroll):
 
     def on_key(self, event: events.Key) -> None:
         prompt = self._prompt()
+        if prompt is not None and event.key == "enter" and self._typed_to_prompt:
+            # typed fast, Enter came before the focus reached the prompt: it sends what was typed
+            event.stop()
+            event.prevent_default()
+            self._typed_to_prompt = False
+            prompt.submit()
+            return
         if prompt is None or not event.is_printable or not event.character or event.key in self.screen.active_bindings:
             return
         event.stop()
         event.prevent_default()
+        self._typed_to_prompt = True
         prompt.focus()
         prompt.insert(event.character)
+
+    def on_descendant_focus(self) -> None:
+        self._typed_to_prompt = False  # focus came back here: an Enter is no longer the prompt's
 
     def on_paste(self, event: events.Paste) -> None:
         prompt = self._prompt()
