@@ -208,7 +208,7 @@ def test_a_chunk_streamed_before_mount_shows_once():
 
 
 def test_bare_code_replies_are_shown_fenced_and_prose_is_left_alone():
-    from dflash_tui.ui.chat_view import code_blocks, display_text, looks_like_bare_code
+    from dflash_tui.ui.reply_text import code_blocks, display_text, looks_like_bare_code
 
     code = "def f(xs):\n    return len(xs)\n"
     assert looks_like_bare_code(code) and looks_like_bare_code("@cache\ndef g(): pass")
@@ -252,12 +252,12 @@ async def test_a_streamed_bare_code_reply_renders_as_one_code_block(anyio_backen
 
 
 def test_a_reply_start_is_held_back_only_while_it_could_still_be_code():
-    from dflash_tui.ui.chat_view import _start_undecided
+    from dflash_tui.ui.reply_text import start_undecided
 
     for start in ("", "  ", "de", "def", "async", "from os", "@"):
-        assert _start_undecided(start), start
+        assert start_undecided(start), start
     for start in ("Hello", "def f(x):", "from os import path", "Sure, here", "class\n", "default"):
-        assert not _start_undecided(start), start
+        assert not start_undecided(start), start
 
 
 @pytest.mark.anyio

@@ -16,7 +16,6 @@ once they scroll up (Textual restores the anchor when they scroll back).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Optional
 
@@ -27,71 +26,12 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, ProgressBar, Static
 
 from dflash_tui.ui.keys import message_bindings
+from dflash_tui.ui.reply_text import (FENCE_LINE, code_blocks, display_text, has_fence_line, looks_like_bare_code, open_fence_start,
+                                       start_undecided, visible)
 
-_CONTROL = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
-_CONTROL[0x7F] = 0x2421
-_CONTROL.update({c: 0xFFFD for c in range(0x80, 0xA0)})  # C1 (a lone CSI is as good as ESC [) have no pictures
-_FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)(?:^(?P=fence)[ \t]*$|\Z)", re.M | re.S)
-_FENCE_LINE = re.compile(r" {0,3}(?P<fence>`{3,}|~{3,})(?P<info>.*)")
 # the app can only ask the terminal (OSC 52): it cannot know whether the terminal did it
 CLIPBOARD_NOTE = "went to the terminal's clipboard (OSC 52; some terminals ignore it, tmux needs set-clipboard on)"
 MARKDOWN_INTERVAL_S = 1.0  # while a reply streams, its Markdown is re-parsed at most this often
-
-
-def visible(text: str) -> str:
-    """Control characters as their Unicode pictures: a random or confused model must not drive the terminal."""
-    return text.translate(_CONTROL)
-
-
-_BARE_CODE = re.compile(r"\s*(def |async def |class \w|@\w|import \w|from [\w.]+ import )")
-
-
-def looks_like_bare_code(text: str) -> bool:
-    """A reply that starts as Python source and has no fences (the demo model answers this way)."""
-    return "```" not in text and "~~~" not in text and _BARE_CODE.match(text) is not None
-
-
-def _start_undecided(text: str) -> bool:
-    """True while a reply's first line could still turn out to be bare code ("de", "from os")."""
-    head = text.lstrip()
-    if not head:
-        return True
-    if "\n" in head:
-        return False
-    if any(k.startswith(head) for k in ("def ", "async def ", "class ", "import ", "from ", "@")):
-        return True
-    return head.startswith("from ") and " import " not in head and len(head) < 40
-
-
-def display_text(text: str) -> str:
-    """The Markdown to show for a reply: bare code goes in a fence, or Markdown would run its lines together."""
-    return f"```python\n{text.rstrip(chr(10))}\n```" if looks_like_bare_code(text) else text
-
-
-def open_fence_start(markdown: str) -> Optional[int]:
-    """Where the opening line of a fenced code block that `markdown` ends inside starts; None
-    when every fence is closed."""
-    fence, start, pos = "", None, 0
-    for line in markdown.split("\n"):
-        m = _FENCE_LINE.match(line)
-        if m is not None:
-            mark, info = m.group("fence"), m.group("info")
-            if not fence:
-                if not (mark[0] == "`" and "`" in info):  # backticks in the info string: inline code, not a fence
-                    fence, start = mark, pos
-            elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
-                fence, start = "", None
-        pos += len(line) + 1
-    return start
-
-
-def _has_fence_line(text: str) -> bool:
-    return any(_FENCE_LINE.match(line) for line in text.split("\n"))
-
-
-def code_blocks(markdown: str) -> list[str]:
-    """The bodies of fenced code blocks, in order (an unclosed fence runs to the end)."""
-    return [m.group("body").rstrip("\n") for m in _FENCE.finditer(markdown)]
 
 
 CLEARED = "(system prompt cleared)"  # an empty system message: /system with no text
@@ -325,7 +265,7 @@ class AssistantHandle:
         self.message.raw_text = self.text
         if not self._started:
             start = self.text
-            if _start_undecided(start):
+            if start_undecided(start):
                 return  # too little to tell prose from code yet
             self._started = True
             text = ("```python\n" if looks_like_bare_code(start) else "") + start
@@ -346,7 +286,7 @@ class AssistantHandle:
             # prose waits out the interval; at a code block's edges (one that has just closed, or the
             # prose before one that has just opened) the parse is at once: about twice per block
             due = (time.monotonic() - self._parsed_at >= (self.markdown_interval or 0)
-                   or _has_fence_line(self._display[self._parsed:]))
+                   or has_fence_line(self._display[self._parsed:]))
             if not chunk or not due:
                 self._show_tail()
                 return
@@ -367,7 +307,7 @@ class AssistantHandle:
             return  # everything is in the Markdown
         tail = self._display[self._parsed:]
         first, newline, rest = tail.partition("\n")
-        if newline and _FENCE_LINE.fullmatch(first):
+        if newline and FENCE_LINE.fullmatch(first):
             self.message.show_tail(rest, code=True)  # an open code block: its fence line drawn as the block's frame
         else:
             self.message.show_tail(tail)
