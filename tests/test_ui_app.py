@@ -16,7 +16,8 @@ from dflash_tui.config import config_path  # noqa: E402
 from dflash_tui.engine import conversation as conversation_mod  # noqa: E402
 from dflash_tui.ui.acceptance import AcceptanceView  # noqa: E402
 from dflash_tui.ui.app import DFlashApp  # noqa: E402
-from dflash_tui.ui.chat_view import AssistantMessage, Note, UserMessage, display_text, visible  # noqa: E402
+from dflash_tui.ui.chat_view import AssistantMessage, Note, UserMessage  # noqa: E402
+from dflash_tui.ui.reply_text import display_text, visible  # noqa: E402
 from dflash_tui.ui.meter import SystemMeter  # noqa: E402
 
 SIZE = (120, 36)

@@ -12,7 +12,8 @@ from textual.widgets._markdown import MarkdownFence
 from dflash_tui.engine.events import Block, Done, Prefill
 from ui_support import FakeConversation
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.chat_view import ChatView, display_text, open_fence_start
+from dflash_tui.ui.chat_view import ChatView
+from dflash_tui.ui.reply_text import display_text, open_fence_start
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.throttle import Throttle
 from dflash_tui.ui.worker import EngineWorker, Generate

@@ -26,8 +26,8 @@ from textual.message import Message as TextualMessage
 from textual.widgets import Label, Markdown, ProgressBar, Static
 
 from dflash_tui.ui.keys import message_bindings
-from dflash_tui.ui.reply_text import (FENCE_LINE, code_blocks, display_text, has_fence_line, looks_like_bare_code, open_fence_start,
-                                       start_undecided, visible)
+from dflash_tui.ui.reply_text import (FENCE_LINE, code_blocks, display_text, has_fence_line, looks_like_bare_code,
+                                       open_fence_start, start_undecided, visible)
 
 # the app can only ask the terminal (OSC 52): it cannot know whether the terminal did it
 CLIPBOARD_NOTE = "went to the terminal's clipboard (OSC 52; some terminals ignore it, tmux needs set-clipboard on)"
