@@ -216,3 +216,27 @@ def test_abort_from_another_thread_ends_a_silent_turn_at_once():
         last = events[-1]
         assert isinstance(last, Done) and last.finish_reason == "cancelled" and last.text == "Hello"
         assert server.hung_up.wait(10), "the server did not see the client go"
+
+
+def test_the_drafts_own_block_size_limits_block_where_a_server_reports_it(fake):
+    """A dflash-tui serve entry (shape of docs/server.md) with the draft's trained size beside the server's
+    own: /block's limit is the draft's (EngineReady's block_size); a request that names none runs the server's."""
+    import json
+
+    def entry(**dflash):
+        return json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "dflash": dflash}]}).encode()
+
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry(draft=True, num_spec_tokens=3, draft_block_size=16,
+                                                           block_size=4))
+    client = RemoteClient(RemoteTarget(fake.url))
+    info = client.connect()
+    assert info.kind == "dflash" and info.block_size == 16 and info.default_block == 4
+    ask = [{"role": "user", "content": "hi"}]
+    assert "block_size" not in client.request_body(ask, {"block_size": None})["dflash"]  # the server's own
+    assert client.request_body(ask, {"block_size": 0})["dflash"]["block_size"] == 0  # the draft's own
+    assert client.request_body(ask, {"block_size": "auto"})["dflash"]["block_size"] == "auto"
+    # a server that reports only num_spec_tokens: its own block size is all the client knows
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry(draft=True, num_spec_tokens=3))
+    info = client.connect()
+    assert info.block_size == 4 and info.default_block == 4
+    client.close()

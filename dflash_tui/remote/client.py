@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 from urllib.parse import urlsplit, urlunsplit
 
 try:  # huggingface_hub (a dependency already) brings httpx2, httpx's successor with the same API
@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - an older environment
 
 from dflash_tui.engine.events import Block, Done, Error, Event, Prefill, event_from_dict
 from dflash_tui.remote import figures as fig
+from dflash_tui.remote.block_tally import BlockTally
 from dflash_tui.remote.live_stream import LiveStream, Refused, Silence
 from dflash_tui.remote.sse import StreamGarbage
 from dflash_tui.session_schema import check_event
@@ -52,7 +53,9 @@ class ServerInfo:
     model: str
     kind: str  # "dflash" (dflash-tui serve: block stream) | "openai" (any other)
     draft: bool = False
-    block_size: int = 0
+    block_size: int = 0  # the draft's own (trained) block size, the most /block may ask for; 0: unknown
+    # the block size a request that names none runs with (the server's --block-size): "auto" or a size
+    default_block: Union[int, str, None] = None
     models: list[str] = field(default_factory=list)
     has_metrics: bool = False  # /metrics answers with speculative counters
     # dflash-tui serve's probe after load (decode tok/s on one prompt): the target alone, then DFlash
@@ -186,8 +189,13 @@ class RemoteClient:
         info = ServerInfo(self.url, model, "dflash" if isinstance(ext, dict) else "openai", models=list(entries))
         if isinstance(ext, dict):
             info.draft = ext.get("draft") is True
-            spec = ext.get("num_spec_tokens")
-            info.block_size = spec + 1 if type(spec) is int and 0 <= spec < 1024 else 0
+            spec = ext.get("num_spec_tokens")  # the server's own block size - 1 (its --block-size, if a size)
+            served = spec + 1 if type(spec) is int and 0 <= spec < 1024 else 0
+            own = ext.get("draft_block_size")  # the draft's trained size, where the server reports it
+            info.block_size = own if type(own) is int and 0 < own <= 1024 else served
+            default = ext.get("block_size")  # the server's --block-size, where it reports it
+            info.default_block = default if default == "auto" or (type(default) is int and 0 < default <= 1024) \
+                else served or None
             probe = ext.get("probe") if isinstance(ext.get("probe"), dict) else {}
             info.target_alone_tps = _rate(probe.get("target_alone_tps"))
             info.dflash_probe_tps = _rate(probe.get("dflash_tps")) if info.target_alone_tps else None
@@ -222,10 +230,20 @@ class RemoteClient:
             if settings.get("baseline"):
                 ext["baseline"] = True
             block = settings.get("block_size")
-            if self.info.draft and (block == "auto" or (type(block) is int and block >= 1)):
-                ext["block_size"] = block  # None or 0: the server's own default
+            if self.info.draft and (block == "auto" or (type(block) is int and block >= 0)):
+                ext["block_size"] = block  # 0: the draft's own; None: nothing sent, the server's own applies
             body["dflash"] = ext
         return body
+
+    def _tally(self, body: dict[str, Any]) -> BlockTally:
+        """The figures a stopped reply of this request ends with, as the engine would give them."""
+        ext = body.get("dflash", {})
+        mode = "baseline" if ext.get("baseline") or not self.info.draft else "dflash"
+        block = ext.get("block_size", self.info.default_block)
+        if block == 0:
+            block = self.info.block_size or None
+        temperature = body.get("temperature") or 0.0
+        return BlockTally(mode, block, temperature, body.get("seed") if temperature > 0 else None)
 
     def chat(self, messages: list[dict[str, str]], settings: dict[str, Any],
              should_cancel: Callable[[], bool] = lambda: False, idle_s: Optional[float] = None) -> Iterator[Optional[Event]]:
@@ -244,7 +262,7 @@ class RemoteClient:
         try:
             lines = live.lines(should_cancel, idle_s)
             if self.info.kind == "dflash":
-                yield from self._dflash_events(live, lines, should_cancel)
+                yield from self._dflash_events(live, lines, should_cancel, self._tally(body))
             else:
                 yield from self._openai_events(live, lines, should_cancel, started, before)
             finished = not should_cancel()
@@ -279,9 +297,8 @@ class RemoteClient:
             raise StreamGarbage("a chunk that is not a JSON object")
         return chunk
 
-    def _dflash_events(self, live: LiveStream, lines: Iterator[Optional[str]],
-                       should_cancel: Callable[[], bool]) -> Iterator[Optional[Event]]:
-        text, tokens = [], 0
+    def _dflash_events(self, live: LiveStream, lines: Iterator[Optional[str]], should_cancel: Callable[[], bool],
+                       tally: BlockTally) -> Iterator[Optional[Event]]:
         for data in lines:
             if data is None:
                 yield None
@@ -302,9 +319,8 @@ class RemoteClient:
             except ValueError as exc:
                 raise StreamGarbage(f"a block event that does not check: {exc}") from None
             live.replying = True
+            tally.add(ev)
             if isinstance(ev, Block):
-                text.append(ev.text)
-                tokens += ev.reply_tokens
                 self._remember(ev.drafted, ext.get("drafted_text"))
                 self._remember(ev.emitted, ext.get("emitted_text"))
             if isinstance(ev, Done):
@@ -314,8 +330,8 @@ class RemoteClient:
             yield ev
             if should_cancel():
                 break
-        if should_cancel():  # stopped (Esc): what came is the reply
-            yield Done([], "".join(text), "cancelled", {"server": self.url, "mode": "dflash", "generated_tokens": tokens})
+        if should_cancel():  # stopped (Esc): what came is the reply, with the figures of what came
+            yield tally.done("cancelled", server=self.url)
         else:
             yield Error("the server closed the stream before the reply was finished")
 

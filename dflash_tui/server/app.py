@@ -123,6 +123,9 @@ def build_app(cfg: ServerConfig) -> Starlette:
         return JSONResponse({"object": "list", "data": [{
             "id": cfg.model_id, "object": "model", "created": 0, "owned_by": "dflash-tui",
             "dflash": {"draft": cfg.engine.draft is not None, "num_spec_tokens": cfg.engine.num_spec_tokens,
+                       # the draft's trained size (what a request's block_size may reach; 0: no draft) and the
+                       # server's --block-size (what a request that names none gets; null: the draft's own)
+                       "draft_block_size": cfg.engine.draft_block, "block_size": cfg.engine.block_size,
                        # decode tok/s on the probe's prompt after load (null: not measured): a remote TUI's baseline
                        "probe": {"target_alone_tps": cfg.engine.target_alone_tps,
                                  "dflash_tps": cfg.engine.dflash_probe_tps},

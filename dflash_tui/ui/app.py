@@ -155,8 +155,14 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
 
     # -- settings ----------------------------------------------------------
     def generation_settings(self) -> dict[str, Any]:
-        """Keyword arguments for the engine's GenerationSettings."""
-        return {**self.options.generation(), "baseline": self.baseline}
+        """Keyword arguments for the engine's GenerationSettings. A remote engine gets no block size where
+        the user chose none (the server's own --block-size applies), and 0 for the draft's own."""
+        settings = {**self.options.generation(), "baseline": self.baseline}
+        if self.server is not None:
+            chosen = self.block_default is None or self.options.block_size != self.block_default
+            settings["block_size"] = (self.options.block_size if self.options.block_size == 0 else
+                                      settings["block_size"]) if chosen else None
+        return settings
 
     def acceptance_mode(self) -> str:
         """What the next reply's cycles are: "dflash", or "baseline" (the target alone, nothing drafted)."""
@@ -166,7 +172,10 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
 
     def meter_settings(self) -> dict[str, Any]:
         s = self.generation_settings()
+        servers_own = self.server is not None and s["block_size"] is None  # remote, none chosen: the server's size
         s["block_size"] = 1 if self.baseline else (self.options.block_size or self.draft_block_size or None)
+        if servers_own and not self.baseline:
+            s["block_size"] = self.server.default_block or s["block_size"]
         s["max_block"] = self.draft_block_size
         s["mode"] = "baseline" if self.baseline else "dflash"
         return s
@@ -264,7 +273,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         if self.generating:
             self._submit_turn()  # Esc before the engine got the turn: it starts and stops at once
             self.engine.cancel()
-            self.notify("Stopping after this cycle…", timeout=2)
+            self.notify("Stopped" if self.server is not None else "Stopping after this cycle…", timeout=2)
 
     def action_regenerate(self) -> None:
         if not self._can_start():
