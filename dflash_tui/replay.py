@@ -184,8 +184,14 @@ class Player:
         return self.jump(target)
 
     def previous_message(self) -> int:
-        """Restart the message being shown, or go to the one before when it has just started."""
+        """Restart the message being shown, or go to the one before when it has just started.
+
+        Once the replay has finished, the last message restarts paused: played on (at 8×, or instant)
+        it would be over again at once, and `p` would seem to do nothing; a second `p` goes further back."""
         current = self._message
+        if self.finished and self.messages:
+            self.paused = True
+            self._last_wall = None
         started = self.position > self.starts[current] + 1e-9
         return self.jump(current if started else current - 1)
 

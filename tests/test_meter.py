@@ -200,6 +200,33 @@ async def test_a_stopped_or_short_reply_does_not_replace_the_speedup():
         await pilot.pause()
 
 
+async def test_a_failed_reply_leaves_every_figure_as_it_was_before_it():
+    """A reply that ends in an error (TurnFailed, no Done) measured nothing: the head, the speedup, the
+    prefill and the sparkline read as before it, not its own speed frozen mid-reply as if live."""
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        await pilot.pause()  # laid out: the wide labels
+        meter.set_settings({"block_size": 16, "mode": "dflash"})
+        meter.set_baseline_tps(25.0)
+        _turn(meter, 40, 0.5)  # 80 tok/s: 3.20×
+        head, body = str(meter._head.render()), _body(meter)
+        samples = list(meter.state.samples)
+        assert "80.0 tok/s last turn" in head and "3.20× vs 25.0 tok/s target alone" in body
+        meter.on_prefill(Prefill(400, 0, 2.0))  # a slow reply that then fails mid-way
+        meter.on_blocks([Block(i + 1, [1] * 3, 3, [1] * 4, "x") for i in range(8)], 4.0)  # 32 tokens, 8 tok/s
+        assert "0.32×" in _body(meter) and "live" in str(meter._head.render())
+        meter.on_failed()
+        assert str(meter._head.render()) == head and _body(meter) == body
+        assert not meter.state.generating and meter.state.speedup_figure == (pytest.approx(3.2), "turn")
+        assert list(meter.state.samples) == samples and meter.state.before_turn is None
+        meter.on_failed()  # a turn that fails before its prefill (nothing of it reached the meter)
+        assert str(meter._head.render()) == head and _body(meter) == body
+        _turn(meter, 40, 0.25)  # the next full reply counts as ever
+        assert "6.40× vs 25.0 tok/s target alone" in _body(meter) and meter.state.turns == [80.0, 160.0]
+        await pilot.pause()
+
+
 async def test_prefill_speed_only_from_sixteen_new_tokens_else_cached():
     async with PanesApp().run_test(size=(160, 48)) as pilot:
         meter = pilot.app.query_one(SystemMeter)

@@ -151,13 +151,55 @@ async def test_replay_controls_drive_the_views():
         assert chat.last_assistant().raw_text == last.content
         assert meter.state.turn_tokens_per_cycle == pytest.approx(last.done().stats["tokens_per_cycle"])
         assert "finished" in str(screen.query_one("#replay-bar").render())
-        await pilot.press("p")  # back to the start of the last reply; still instant, so it plays through again
+        await pilot.press("p")  # back to the start of the last reply, held there (instant would end it at once)
         await pilot.pause(0.3)
-        assert screen.player.current_message == 6 and screen.player.finished
-        assert [m.ROLE for m in chat.messages()] == ["system", "you", "assistant"] * 1 + ["you", "assistant"] * 2
+        assert screen.player.current_message == 6 and not screen.player.finished and screen.player.paused
+        assert [m.ROLE for m in chat.messages()] == ["system", "you", "assistant", "you", "assistant", "you"]
+        await pilot.press("space")  # and on from there, still instant
+        await pilot.pause(0.3)
+        assert screen.player.finished and chat.last_assistant().raw_text == last.content
         await pilot.press("escape")
         await pilot.pause()
     assert app.return_code == 0
+
+
+def test_previous_message_goes_back_once_the_replay_has_finished():
+    for instant in (False, True):
+        p = Player(trace_session(), speed=float("inf") if instant else 8.0)
+        p.advance(1e6)
+        assert p.finished and p.current_message == 6
+        assert p.previous_message() == 6 and p.paused and not p.finished  # the last reply, from its start
+        assert p.advance(1e6) == []  # held there: it does not end again at once
+        assert p.previous_message() == 5 and p.position == pytest.approx(p.starts[5])  # and further back
+        p.toggle_pause()
+        p.advance(1e6)
+        assert p.finished
+
+
+async def test_p_goes_back_after_the_replay_finished_playing():
+    """Played to its end at 8× (and after `i`), `p` still goes back: the status leaves "finished"."""
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    app = ReplayApp(trace_session(), speed=8.0, theme="textual-dark")
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        bar = lambda: str(screen.query_one("#replay-bar").render())  # noqa: E731
+        for key in ("", "i"):
+            if key:
+                await pilot.press(key, "space")  # instant, and played on to the end again
+            deadline = time.monotonic() + 20
+            while not screen.player.finished and time.monotonic() < deadline:
+                await pilot.pause(0.05)
+            await pilot.pause(0.2)
+            assert "■ finished" in bar() and "message 7/7" in bar(), bar()
+            await pilot.press("p")
+            await pilot.pause(0.3)
+            assert "‖ paused" in bar() and "message 7/7" in bar(), bar()
+            assert [m.ROLE for m in screen.chat.messages()][-1] == "you"  # the last reply is to come
+            await pilot.press("p")
+            await pilot.pause(0.3)
+            assert "‖ paused" in bar() and "message 6/7" in bar(), bar()
+            assert [m.ROLE for m in screen.chat.messages()][-1] == "assistant"
 
 
 async def test_replay_plays_in_real_time_on_its_own():

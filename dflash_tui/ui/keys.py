@@ -27,7 +27,8 @@ class AppKey:
 APP_KEYS: tuple[AppKey, ...] = (
     AppKey("f1", "help", "Help", "this help"),
     AppKey("escape", "stop", "Stop", "stop the reply (what was produced is kept)"),
-    AppKey("ctrl+r", "regenerate", "Regenerate", "regenerate the last reply"),
+    AppKey("ctrl+r", "regenerate", "Regenerate",
+           "regenerate the last reply (after a failed one: send its message again)"),
     AppKey("ctrl+n", "new_chat", "New", "new conversation"),
     AppKey("f3", "pick_model", "Model", "pick another model pair (also /model and the palette)"),
     AppKey("ctrl+o", "sessions", "Sessions", "saved sessions: open, replay, rename, delete, export"),

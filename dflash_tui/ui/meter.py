@@ -25,6 +25,9 @@ from dflash_tui.ui.figure_text import fmt_bytes, fmt_rate, fmt_seconds, sampling
 from dflash_tui.ui.throttle import Throttle
 
 SPARK_SAMPLES = 90
+# what a turn changes before its Done: a failed turn (no Done) puts these back as they were before it
+TURN_FIGURES = ("generating", "last_block", "prompt_tokens", "cached_tokens", "prefill_tps", "ttft_s", "turn_tokens",
+                "turn_seconds", "turn_cycles", "turn_cycle_tokens", "live", "samples")
 LIVE_WINDOW_S = 1.0  # live tok/s averages the batches of about the last second
 MIN_SAMPLE_S = 0.05  # less time than this says little about speed
 COMPACT_BELOW = 60
@@ -65,6 +68,8 @@ class MeterState:
     samples: deque = field(default_factory=lambda: deque(maxlen=SPARK_SAMPLES))
     # a distributed engine's (ranks, parallelism, agreement-check ms per check) from its last Done
     ranks: Optional[tuple[int, str, float]] = None
+    # the turn figures as they were before the turn streaming now (None once it is done)
+    before_turn: Optional[dict[str, Any]] = field(default=None, repr=False, compare=False)
 
     @property
     def live_tps(self) -> Optional[float]:
@@ -110,7 +115,12 @@ class MeterState:
         figure = self.speedup_figure
         return figure[0] if figure else None
 
+    def _keep_before_turn(self) -> None:
+        self.before_turn = {k: getattr(self, k) for k in TURN_FIGURES}
+        self.before_turn["live"], self.before_turn["samples"] = deque(self.live), deque(self.samples, SPARK_SAMPLES)
+
     def on_prefill(self, ev: Prefill) -> None:
+        self._keep_before_turn()
         self.generating = True
         self.turn_tokens, self.turn_seconds = 0, 0.0
         self.turn_cycles = self.turn_cycle_tokens = 0
@@ -144,13 +154,24 @@ class MeterState:
             self.samples.append(self.live_tps)
 
     def _start_turn(self) -> None:
+        self._keep_before_turn()
         self.generating = True
         self.turn_tokens, self.turn_seconds = 0, 0.0
         self.turn_cycles = self.turn_cycle_tokens = 0
         self.live.clear()
 
+    def on_failed(self) -> None:
+        """The turn failed (no Done): a failed reply's speed, prefill and cycles are not a measurement,
+        so every figure goes back to what it was before the turn (a stopped or short reply's rule, and more)."""
+        before, self.before_turn = self.before_turn, None
+        for k, v in (before or {}).items():
+            setattr(self, k, v)
+        self.generating = False
+        self.live.clear()
+
     def on_done(self, ev: Done) -> None:
         s = ev.stats
+        self.before_turn = None
         self.generating = False
         self.live.clear()
         self.turn_mode = s.get("mode")
@@ -262,6 +283,11 @@ class SystemMeter(Widget):
     def on_done(self, ev: Done) -> None:
         self.state.on_done(ev)
         self._update()
+
+    def on_failed(self) -> None:
+        """The turn ended in an error: the figures are those from before it."""
+        self.state.on_failed()
+        self._update(spark=True)
 
     def set_pair(self, target: Optional[str], draft: Optional[str], device: Optional[str],
                  no_draft: Optional[str] = None, where: Optional[str] = None) -> None:

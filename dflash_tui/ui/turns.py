@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
-from dflash_tui.ui.chat_view import AssistantHandle, AssistantMessage, UserMessage
+from dflash_tui.ui.chat_view import AssistantHandle, AssistantMessage, Note, UserMessage
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.worker import Generate
 
@@ -78,6 +78,8 @@ class TurnStreaming:
         self._turn_settings: dict[str, Any] = {}  # what the turn's request asked for
         self._held_for_panes: list[tuple[list, float]] = []  # batches the panes have not shown yet
         self._quitting = False  # ctrl+q came while a reply streamed: quit once it is saved
+        # the last turn failed: its message, that message on screen, and the note saying why (for ctrl+r)
+        self._failed_turn: Optional[tuple[str, UserMessage, Note]] = None
 
     async def action_quit(self) -> None:
         """ctrl+q: a reply still streaming stops after its cycle and is saved first, as Esc keeps it;
@@ -95,14 +97,21 @@ class TurnStreaming:
             self.exit()
 
     def start_turn(self, text: Optional[str], edit_of: Optional[str] = None) -> None:
-        """Send `text` (None: regenerate the last reply); `edit_of`: the message it replaces, in a fork."""
+        """Send `text` (None: regenerate the last reply, or, after a failed turn, send its message again);
+        `edit_of`: the message it replaces, in a fork."""
+        retry = self._failed_message() if text is None and edit_of is None else None
+        self._failed_turn = None
         self.turn_id += 1
         self.generating = True
+        if retry is not None:  # the question shown last gets the reply, and is saved with it as any turn
+            text, user_block, note = retry
+            note.remove()  # the failed reply is gone (ctrl+r removed it): so is what said why it failed
+        else:
+            user_block = self.chat.add_user(text) if text is not None else None
         self._turn_user_text = text
         self._turn_edit = edit_of
         self._recorder = TraceRecorder()
         self._held_for_panes = []
-        user_block = self.chat.add_user(text) if text is not None else None
         self._handle = self.chat.start_assistant()
         self._turn_blocks = (user_block, self._handle.message)
         self.chat.follow()  # scrolled up, or a message focused up there: the new turn is what matters
@@ -116,6 +125,15 @@ class TurnStreaming:
         # the engine starts once the new messages and the footer are mounted and drawn: that burst
         # of layout would otherwise land in the first cycles and slow the decode
         self.run_worker(self._submit_when_drawn(self._handle), group="turn-start", exit_on_error=False)
+
+    def _failed_message(self) -> Optional[tuple[str, UserMessage, Note]]:
+        """The failed turn to send again: its message is still the last one of yours on screen (not
+        after /new, another session or a message sent since); the engine never kept it."""
+        failed = self._failed_turn
+        if failed is None or not failed[1].is_attached:
+            return None
+        users = [b for b in self.chat.messages() if isinstance(b, UserMessage)]
+        return failed if users and users[-1] is failed[1] else None
 
     async def _submit_when_drawn(self, handle: AssistantHandle) -> None:
         try:
@@ -205,9 +223,14 @@ class TurnStreaming:
         if not self._current(message.turn_id):
             return
         self._show_in_panes()
+        self.meter.on_failed()  # a failed reply's speed is not a measurement: the figures before it stay
         self._handle.finish(None, "failed")
         self.acceptance.show_figures()
-        self.chat.add_note(message.message, "error")
+        note = self.chat.add_note(message.message, "error")
+        user_block = self._turn_blocks[0]
+        if self._turn_user_text is not None and self._turn_edit is None and user_block is not None:
+            self._failed_turn = (self._turn_user_text, user_block, note)  # ctrl+r sends it again
+        self._turn_blocks = (None, None)
         self._end_turn()
         self.after_failed_turn(message.message)
         self._quit_if_asked()
