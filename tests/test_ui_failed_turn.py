@@ -204,3 +204,31 @@ async def test_a_reply_broken_off_mid_way_keeps_the_meter_and_ctrl_r_answers_it(
             assert saved(app) == [("user", FLATTEN), ("assistant", first), ("user", PARSE), ("assistant", retried)]
             assert app.engine.messages == [{"role": "user", "content": FLATTEN}, {"role": "assistant", "content": first},
                                            {"role": "user", "content": PARSE}, {"role": "assistant", "content": retried}]
+
+
+async def test_a_failed_regenerate_keeps_the_reply_it_would_have_replaced(qwen3_dirs):
+    """ctrl+r that fails: the reply in view (and in the file) stays on screen and in the engine's
+    conversation, so the next message follows it (the engine had dropped it: two questions in a row)."""
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 6
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        question = PARSE + " 2024-01-02T03:04:05Z" * 4
+        await send(pilot, app, question)
+        await finish_turn(pilot, app)
+        first = app.chat.last_assistant().raw_text
+        args = app.engine.conversation.target.args
+        context, args.max_position_embeddings = args.max_position_embeddings, 16  # now past the context
+        await regenerate(pilot, app)
+        await wait_for(pilot, lambda: any("not kept" in t for r, t in shown(app) if r == "note"), 10,
+                       "the note that the new reply was not kept")
+        assert [(r, t) for r, t in shown(app) if r != "note"] == [("you", question), ("assistant", first)]
+        assert saved(app) == [("user", question), ("assistant", first)]
+        await wait_for(pilot, lambda: app.engine.conversation.messages == app.session.conversation(), 10,
+                       "the engine back on the branch")
+        args.max_position_embeddings = context
+        await send(pilot, app, FLATTEN)
+        await finish_turn(pilot, app)
+        roles = [m["role"] for m in app.engine.conversation.messages]
+        assert roles == ["user", "assistant", "user", "assistant"], roles
+        assert app.engine.conversation.messages == app.session.conversation()

@@ -188,14 +188,16 @@ class Branching:
             self.notify("The message being edited is no longer in view: the edit is cancelled", timeout=3)
 
     def after_failed_turn(self, reason: str) -> None:
-        """A failed edit is not kept: the chat and the engine go back to the session's branch."""
-        if self._turn_edit is None or self.session is None:
+        """A failed edit or regenerate is not kept: the chat and the engine go back to the session's branch
+        (the engine had let go of the reply it was replacing)."""
+        if self.session is None or (self._turn_edit is None and self._turn_user_text is not None):
             return
+        what = "edit" if self._turn_edit is not None else "new reply"
         self._turn_edit = None
 
         async def back() -> None:
             await self.show_branch()
-            self.chat.add_note(f"The edit was not kept ({reason}); this is the branch as it was.", "error")
+            self.chat.add_note(f"The {what} was not kept ({reason}); this is the branch as it was.", "error")
 
         self.call_later(back)
 
