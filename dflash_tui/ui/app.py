@@ -44,7 +44,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
-    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    # -tiny: too few rows for the side panes and a conversation both: the conversation keeps them
+    VERTICAL_BREAKPOINTS = [(0, "-tiny"), (18, "-short"), (36, "-tall")]
     BINDINGS = app_bindings()  # ui/keys.py: one table for the bindings and the F1 help
 
     def __init__(
