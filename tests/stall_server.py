@@ -25,7 +25,31 @@ def _chunk(content: str) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-class StallServer:
+class ThreadServer:
+    """A Starlette app served by uvicorn in a thread on a free local port; `with` starts and stops it."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        end = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < end, "the test server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+class StallServer(ThreadServer):
     def __init__(self, first: str = "Hello") -> None:
         self.first = first
         self.hung_up = threading.Event()  # the client closed the stream while the server was silent
@@ -48,22 +72,5 @@ class StallServer:
 
             return StreamingResponse(stream(), media_type="text/event-stream")
 
-        app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> "StallServer":
-        self.thread.start()
-        end = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < end, "the stalling server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        super().__init__(Starlette(routes=[Route("/v1/models", models),
+                                           Route("/v1/chat/completions", chat, methods=["POST"])]))

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from typing import Any
 
 import pytest
@@ -18,6 +15,7 @@ from ui_support import install_placeholders
 
 install_placeholders()
 
+from stall_server import ThreadServer  # noqa: E402
 from test_ui_app import SIZE, finish_turn, make_app, ready, send, wait_for  # noqa: E402
 
 from dflash_tui.sessions import SessionStore  # noqa: E402
@@ -109,13 +107,12 @@ async def test_a_failed_turn_is_not_retried_once_another_message_was_sent(qwen3_
 
 
 # -- a real server whose stream breaks off mid-reply --------------------------------------------------
-class BreakingServer:
+class BreakingServer(ThreadServer):
     """An OpenAI-compatible chat server (Starlette on uvicorn, in a thread) that streams a reply a
     piece every few ms; the first time it is asked one of `breaks`, it stops mid-reply and closes the
     stream, as a server killed there does."""
 
     def __init__(self, breaks: tuple[str, ...] = (PARSE,), pieces: int = 24, broken_after: int = 12) -> None:
-        import uvicorn
         from starlette.applications import Starlette
         from starlette.requests import Request
         from starlette.responses import JSONResponse, StreamingResponse
@@ -149,25 +146,8 @@ class BreakingServer:
 
             return StreamingResponse(stream(), media_type="text/event-stream")
 
-        app = Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> "BreakingServer":
-        self.thread.start()
-        end = time.monotonic() + 10
-        while not self.server.started:
-            assert time.monotonic() < end, "the server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
+        super().__init__(Starlette(routes=[Route("/v1/models", models),
+                                           Route("/v1/chat/completions", chat, methods=["POST"])]))
 
 
 async def test_a_reply_broken_off_mid_way_keeps_the_meter_and_ctrl_r_answers_it(anyio_backend):
