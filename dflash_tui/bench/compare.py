@@ -23,7 +23,7 @@ from typing import Any, Union
 import mlx.core as mx
 
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
-from dflash_tui.engine.events import Done
+from dflash_tui.engine.events import Done, cycle_counts
 from dflash_tui.engine.loading import Pair
 from dflash_tui.errors import UserError
 
@@ -69,19 +69,6 @@ def fresh_turn(conv: Conversation, prompt: list[int], settings: GenerationSettin
     if events[-1].type != "done":
         raise UserError(getattr(events[-1], "message", "generation failed"))
     return events
-
-
-def cycle_counts(events: list[Any]) -> dict[str, int]:
-    """A turn's cycles counted from its blocks, as the engine counts them for its stats: a block that
-    drafted is a cycle; its emitted tokens (the EOS that ended the reply included) are what it gave."""
-    counts = {"cycles": 0, "cycle_tokens": 0, "drafted": 0, "accepted": 0}
-    for b in events:
-        if b.type == "block" and b.drafted:
-            counts["cycles"] += 1
-            counts["cycle_tokens"] += len(b.emitted)
-            counts["drafted"] += len(b.drafted)
-            counts["accepted"] += b.accepted
-    return counts
 
 
 def run_dflash(conv: Conversation, prompt: list[int], settings: GenerationSettings) -> RunFigures:

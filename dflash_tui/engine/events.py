@@ -76,3 +76,17 @@ def event_from_dict(data: dict[str, Any]) -> Event:
         return cls(**fields)
     except TypeError as exc:
         raise ValueError(f"bad {data['type']} event: {exc}") from None
+
+
+def cycle_counts(events: list[Any]) -> dict[str, int]:
+    """The cycles among a reply's events, counted as the engine counts them for its stats: a block that
+    drafted is a cycle, and its emitted tokens (the end-of-sequence that ended the reply included) are
+    what it gave."""
+    counts = {"cycles": 0, "cycle_tokens": 0, "drafted": 0, "accepted": 0}
+    for b in events:
+        if isinstance(b, Block) and b.drafted:
+            counts["cycles"] += 1
+            counts["cycle_tokens"] += len(b.emitted)
+            counts["drafted"] += len(b.drafted)
+            counts["accepted"] += b.accepted
+    return counts

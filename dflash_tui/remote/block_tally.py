@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Union
 
-from dflash_tui.engine.events import Block, Done, Event, Prefill
+from dflash_tui.engine.events import Block, Done, Event, Prefill, cycle_counts
 
 
 class BlockTally:
@@ -31,8 +31,7 @@ class BlockTally:
         self.text: list[str] = []
         self.first_at: Optional[float] = None  # the first token's block came
         self.last_at: Optional[float] = None  # the last block that added to the reply came
-        self.cycles = self.drafted = self.accepted = self.cycle_tokens = 0
-        self.ms = {"draft_ms": 0.0, "verify_ms": 0.0, "rollback_ms": 0.0}
+        self.blocks: list[Block] = []
 
     def add(self, ev: Event, now: Optional[float] = None) -> None:
         now = time.perf_counter() if now is None else now
@@ -46,18 +45,14 @@ class BlockTally:
                 self.first_at = now
             if kept:
                 self.last_at = now
-            if ev.drafted:
-                self.cycles += 1
-                self.drafted += len(ev.drafted)
-                self.accepted += ev.accepted
-                self.cycle_tokens += len(ev.emitted)
-            for k in self.ms:
-                self.ms[k] += getattr(ev, k)
+            self.blocks.append(ev)
 
     def stats(self, now: Optional[float] = None) -> dict[str, Any]:
         now = time.perf_counter() if now is None else now
         n = len(self.tokens)
         first, last = self.first_at, self.last_at
+        c = cycle_counts(self.blocks)
+        phases = {k: sum(getattr(b, k) for b in self.blocks) for k in ("draft_ms", "verify_ms", "rollback_ms")}
         stats: dict[str, Any] = {
             "mode": self.mode,
             "block_size": self.block_size if self.mode == "dflash" else 1,
@@ -65,10 +60,10 @@ class BlockTally:
             "decode_s": now - self.prefill_at if self.prefill_at is not None else 0.0,
             "decode_tps": (n - 1) / (last - first) if n > 1 and first is not None and last is not None
             and last > first else 0.0,
-            "cycles": self.cycles,
-            "tokens_per_cycle": self.cycle_tokens / self.cycles if self.cycles else 0.0,
-            "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
-            **self.ms,
+            "cycles": c["cycles"],
+            "tokens_per_cycle": c["cycle_tokens"] / c["cycles"] if c["cycles"] else 0.0,
+            "acceptance": c["accepted"] / c["drafted"] if c["drafted"] else 0.0,
+            **phases,
             "temperature": self.temperature,
             "seed": self.seed,
         }

@@ -161,8 +161,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         settings = {**self.options.generation(), "baseline": self.baseline}
         if self.server is not None:
             chosen = self.block_default is None or self.options.block_size != self.block_default
-            settings["block_size"] = (self.options.block_size if self.options.block_size == 0 else
-                                      settings["block_size"]) if chosen else None
+            settings["block_size"] = self.options.block_size if chosen else None  # 0 stays 0 here
         return settings
 
     def acceptance_mode(self) -> str:

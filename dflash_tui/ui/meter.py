@@ -120,11 +120,7 @@ class MeterState:
         self.before_turn["live"], self.before_turn["samples"] = deque(self.live), deque(self.samples, SPARK_SAMPLES)
 
     def on_prefill(self, ev: Prefill) -> None:
-        self._keep_before_turn()
-        self.generating = True
-        self.turn_tokens, self.turn_seconds = 0, 0.0
-        self.turn_cycles = self.turn_cycle_tokens = 0
-        self.live.clear()
+        self._start_turn()
         self.prompt_tokens, self.cached_tokens = ev.prompt_tokens, ev.cached_tokens
         new = ev.prompt_tokens - ev.cached_tokens
         # a prefill of a few tokens times the forward's fixed cost, not a speed
