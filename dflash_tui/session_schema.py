@@ -62,6 +62,27 @@ def _amount(v: Any) -> bool:
     return is_number(v) and v >= 0
 
 
+# tok/s a run can show: 0 (too short to time) or within these; a rate of 1e-300 made a 300-digit speedup
+MIN_RATE, MAX_RATE = 1e-3, 1e9
+
+
+def _rate(v: Any) -> bool:
+    return is_number(v) and (v == 0 or MIN_RATE <= v <= MAX_RATE)
+
+
+def _sampling(key: str) -> Callable[[Any], bool]:
+    """A sampling setting within what the app takes for it (config.toml's and the slash commands' range)."""
+    def ok(v: Any) -> bool:
+        from dflash_tui.config import VALIDATORS, BadValue
+
+        try:
+            return is_number(v) and VALIDATORS[key](v) is not None
+        except BadValue:
+            return False
+
+    return ok
+
+
 def _token_ids(v: Any) -> bool:
     return type(v) is list and all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in v)
 
@@ -96,19 +117,21 @@ def check_values(data: Any) -> None:
 
 
 # -- fields by type --------------------------------------------------------------------------
+SAMPLING = ("temperature", "top_p", "min_p")
 # the settings a session records (GenerationSettings); others must be plain values
 SETTINGS: dict[str, Callable[[Any], bool]] = {
-    "max_tokens": _opt(_count), "block_size": _block_size, "temperature": _opt(_amount), "top_p": _opt(_amount),
-    "top_k": _opt(_count), "min_p": _opt(_amount), "seed": _opt(_seed), "baseline": _opt(lambda v: type(v) is bool),
+    "max_tokens": _opt(_count), "block_size": _block_size, **{k: _opt(_sampling(k)) for k in SAMPLING},
+    "top_k": _opt(_count), "seed": _opt(_seed), "baseline": _opt(lambda v: type(v) is bool),
     "prefill_chunk": _opt(_count), "mode": _opt(_text),
 }
 # the figures a reply's Done carries; the views do arithmetic on every one of them (None too is refused)
 STATS: dict[str, Callable[[Any], bool]] = {
     **{k: _count for k in ("generated_tokens", "cycles", "prompt_tokens", "cached_tokens", "peak_memory", "max_tokens",
                             "top_k")},
-    **{k: _amount for k in ("tokens_per_cycle", "acceptance", "decode_tps", "prefill_tps", "ttft_s",
-                            "prefill_s", "decode_s", "draft_ms", "verify_ms", "rollback_ms", "temperature",
-                            "baseline_tps", "top_p", "min_p")},
+    **{k: _amount for k in ("tokens_per_cycle", "acceptance", "ttft_s", "prefill_s", "decode_s", "draft_ms",
+                            "verify_ms", "rollback_ms")},
+    **{k: _rate for k in ("decode_tps", "prefill_tps", "baseline_tps")},
+    **{k: _sampling(k) for k in SAMPLING},
     "mode": _opt(_text), "block_size": _block_size, "seed": _opt(_seed),
     "block_sizes": lambda v: type(v) is dict and all(_scalar(x) for x in v.values()),
     # a remote server's per-step counts: [accepted, drafted] of each verification step
@@ -268,7 +291,7 @@ def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bo
     for key in ("draft", "device", "server"):
         _check(data.get(key) is None or isinstance(data.get(key), str), f"'{key}' must be text or null")
     baseline: Optional[float] = data.get("baseline_tps")
-    _check(baseline is None or (is_number(baseline) and baseline > 0), "bad baseline_tps")
+    _check(baseline is None or (_rate(baseline) and baseline > 0), "bad baseline_tps")
     settings = data.get("settings", {})
     _check(isinstance(settings, dict), "'settings' is not an object")
     _check_fields(settings, SETTINGS, "settings")

@@ -106,6 +106,10 @@ BAD_DATA = {
     "stats-null.json": lambda: _reply(_with("stats-null"), _stats(decode_tps=None)),
     "float-huge-in-stats.json": lambda: _reply(_with("float-huge-in-stats"), _stats(decode_tps=1e300)),
     "float-huge-baseline.json": lambda: _with("float-huge-baseline", baseline_tps=1e300),
+    # a ratio of two figures each fine alone: a speedup of 10^300 (the reply's recorded target-alone rate)
+    "rate-tiny-in-stats.json": lambda: _reply(_with("rate-tiny-in-stats"), _stats(baseline_tps=1e-300)),
+    "temperature-huge.json": lambda: _reply(_with("temperature-huge"), _stats(temperature=9e15)),
+    "top-p-over-one.json": lambda: _with("top-p-over-one", settings={"top_p": 1e9}),
     "acceptance-over-one.json": lambda: _reply(_with("acceptance-over-one"), _stats(acceptance=7.5)),
     "tau-over-block.json": lambda: _reply(_with("tau-over-block"), _stats(block_size=16, tokens_per_cycle=99.0)),
     "settings-wrong-type.json": lambda: _with("settings-wrong-type", settings={"temperature": "hot"}),
