@@ -46,6 +46,8 @@ def run() -> int:
     p.add_argument("--fault", choices=("none", "disagree", "kill", "hang"), default="none")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--pid-dir", help="write this rank's pid here (the test ends what is left)")
+    p.add_argument("--reference-rounds", type=int, default=0,
+                   help="only this many rounds of mlx-lm's generation then one sharded forward, and stop")
     args = p.parse_args()
     if args.pid_dir:
         Path(args.pid_dir, f"rank{os.environ.get('MLX_RANK', '0')}.pid").write_text(str(os.getpid()))
@@ -64,6 +66,10 @@ def run() -> int:
     conv = Conversation(pair)
     conv.ranks = ranks
     prompt = conv.prompt_tokens([{"role": "user", "content": "hello there"}])
+    if args.reference_rounds:
+        print(json.dumps({"rank": ranks.rank, "mixed": mixed_rounds(pair, ranks, prompt, args.reference_rounds)}),
+              flush=True)
+        return 0
     reference = reference_tokens(pair, prompt, args.max_tokens)  # mlx-lm's sharded greedy generation
     features = compare_features(pair.target, args.target, prompt)
 
@@ -113,6 +119,22 @@ def run() -> int:
     out["runs"]["sampled"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=1), sampled)
     print(json.dumps(out), flush=True)
     return 0
+
+
+def mixed_rounds(pair, ranks, prompt: list[int], rounds: int) -> int:
+    """Rounds in which a sharded forward right after mlx-lm's generation gave the ranks different
+    features: the step `stream_generate` leaves in flight must be finished first, or its all-reduces
+    pair up with the forward's."""
+    import mlx.core as mx
+
+    target, mixed = pair.target, 0
+    for _ in range(rounds):
+        reference_tokens(pair, prompt, 4)
+        _, feats = target.forward(mx.array([prompt]), target.make_cache())
+        mine = feats.sum()
+        both = mx.distributed.all_sum(mine, group=ranks.group, stream=mx.cpu)
+        mixed += int(abs(both.item() - 2 * mine.item()) > 1e-3 * abs(mine.item()))
+    return mixed
 
 
 def compare_features(sharded, path: str, prompt: list[int]) -> dict:

@@ -42,6 +42,15 @@ class RunFigures:
     block_sizes: dict[int, int] = field(default_factory=dict)
 
 
+def finish_stream_generate() -> None:
+    """Wait for the step `mlx_lm.stream_generate` leaves in flight when its reader stops (it starts
+    the next token's forward before yielding this one): left running, it is timed with whatever
+    comes next, and on sharded ranks its collectives pair up with the next forward's (the sums mix)."""
+    from mlx_lm.generate import generation_stream
+
+    mx.synchronize(generation_stream)
+
+
 def run_baseline(pair: Pair, prompt: list[int], max_tokens: int) -> RunFigures:
     import mlx_lm
 
@@ -55,6 +64,7 @@ def run_baseline(pair: Pair, prompt: list[int], max_tokens: int) -> RunFigures:
         tokens.append(r.token)
         first_at = first_at or now
         last_at = now
+    finish_stream_generate()
     n = len(tokens)
     span = (last_at - first_at) if n > 1 else 0.0
     return RunFigures(decode_tps=(n - 1) / span if span > 0 else 0.0, ttft_s=(first_at or tic) - tic,

@@ -32,7 +32,7 @@ from typing import Any, Optional, Union
 
 import mlx.core as mx
 
-from dflash_tui.bench.compare import fresh_turn
+from dflash_tui.bench.compare import finish_stream_generate, fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.loading import Pair, load_pair
 
@@ -63,6 +63,7 @@ def vanilla_tokens(model: Any, tokenizer: Any, prompt: list[int], max_tokens: in
         if r.finish_reason == "stop":
             break
         out.append(r.token)
+    finish_stream_generate()
     return out
 
 
