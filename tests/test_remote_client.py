@@ -144,6 +144,9 @@ def test_an_error_status_and_an_error_chunk(fake):
     assert isinstance(last, Error) and last.message.endswith("(400): max_tokens is too large")
     serve(fake, sse(chunk("a"), {"error": {"message": "out of memory", "type": "server_error"}}))
     assert run(fake)[-1].message == "the server: out of memory"
+    serve(fake, (501, "text/html", b"<!DOCTYPE HTML>\n<html><p>Unsupported method ('POST')</p></html>"))
+    assert run(fake)[-1].message == ("the server refused the request (501): a web page, not an API's error: "
+                                     "is this an OpenAI-compatible server's address?")
 
 
 def test_escapes_in_text_are_data(fake):
@@ -158,6 +161,14 @@ def test_connect_errors_are_one_line(fake):
     fake.routes[("GET", "/v1/models")] = (200, "text/html", b"<html>hello</html>")
     with pytest.raises(RemoteError, match="not an OpenAI-compatible server"):
         RemoteClient(RemoteTarget(fake.url)).connect()
+    page = b"<!DOCTYPE HTML>\n<html><title>Error response</title></html>"  # python -m http.server's 404 and 501
+    fake.routes[("GET", "/v1/models")] = (404, "text/html", page)
+    with pytest.raises(RemoteError, match=r"not an OpenAI-compatible server \(nothing at /v1/models: 404\)"):
+        RemoteClient(RemoteTarget(fake.url)).connect()
+    fake.routes[("GET", "/v1/models")] = (500, "text/html", page)
+    with pytest.raises(RemoteError, match="answered 500: a web page, not an API's error") as e:
+        RemoteClient(RemoteTarget(fake.url)).connect()
+    assert "DOCTYPE" not in str(e.value)
     fake.routes[("GET", "/v1/models")] = (200, JSON, models("a", "b"))
     with pytest.raises(RemoteError, match="does not serve 'c'"):
         RemoteClient(RemoteTarget(fake.url, model="c")).connect()

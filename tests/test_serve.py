@@ -151,6 +151,9 @@ def test_seeded_sampling_equals_generate(qwen3_dirs, client):
     assert streamed == ref.text
     other = client.chat.completions.create(**{**ask, "seed": 99})
     assert other.choices[0].message.content != ref.text
+    # -1 is no seed (as --seed -1): each reply draws its own, where a fixed -1 would repeat one
+    unseeded = {client.chat.completions.create(**{**ask, "seed": -1}).choices[0].message.content for _ in range(2)}
+    assert len(unseeded) == 2
 
 
 def test_stop_strings(qwen3_dirs, client):
@@ -333,6 +336,9 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": 7}).encode(), 400, "temperature"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "top_p": 0}).encode(), 400, "top_p"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": "1"}).encode(), 400, "seed"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": 2**64}).encode(), 400,
+     "'seed' must be an integer from 0 to 2^64 - 1 (or -1: none)"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "seed": -2}).encode(), 400, "from 0 to 2^64 - 1"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 9}).encode(), 400, "stop"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 3}).encode(), 400, "'n'"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}).encode(), 400, "tools"),

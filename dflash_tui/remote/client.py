@@ -108,7 +108,10 @@ def _error_message(body: bytes) -> str:
     try:
         data = json.loads(body)
     except ValueError:
-        return _one_line(body.decode("utf-8", "replace")) or "no message"
+        text = body.decode("utf-8", "replace").strip()
+        if text.startswith("<"):  # a web page's first line (<!DOCTYPE HTML>) says nothing
+            return "a web page, not an API's error: is this an OpenAI-compatible server's address?"
+        return _one_line(text) or "no message"
     if isinstance(data, dict):
         err = data.get("error", data.get("detail", data.get("message")))
         if isinstance(err, dict):
@@ -166,6 +169,9 @@ class RemoteClient:
         if r.status_code in (401, 403):
             raise RemoteError(f"{self.url} wants an API key (--api-key, or api_key in config.toml): "
                               f"{_error_message(r.content)}")
+        if r.status_code == 404:  # every OpenAI-compatible server lists its models there
+            raise RemoteError(f"{self.url} is not an OpenAI-compatible server (nothing at /v1/models: 404), "
+                              "or not its base address")
         if r.status_code != 200:
             raise RemoteError(f"{self.url}/v1/models answered {r.status_code}: {_error_message(r.content)}")
         try:

@@ -241,8 +241,10 @@ def parse_chat_request(data: Any, limits: Limits) -> ChatRequest:
     if top_p <= 0.0:
         raise RequestError("'top_p' must be greater than 0", param="top_p")
     seed = data.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise RequestError("'seed' must be an integer", param="seed")
+    if seed is not None and (not _is_int(seed) or not -1 <= seed < 1 << 64):  # a key takes 64 bits: no wrapping
+        raise RequestError("'seed' must be an integer from 0 to 2^64 - 1 (or -1: none)", param="seed")
+    if seed == -1:
+        seed = None  # as --seed -1 and config.toml's seed = -1
     ext = _dflash(data.get("dflash"), limits)
     if ext.blocks and not stream:
         raise RequestError("'dflash.blocks' is a stream extension: it needs 'stream': true", param="dflash")
