@@ -125,6 +125,9 @@ async def test_opening_a_session_resets_the_turn_figures(qwen3_dirs):
         await send(pilot, app, "more")
         await finish_turn(pilot, app)
         assert len(app.meter.state.turns) == 2
+        app.meter.set_baseline_tps(app.meter.state.turn_tps / 0.75)  # as a /baseline reply would measure it
+        kept = app.meter.state.speedup_figure
+        assert kept and kept[1] == "turn"  # the last reply (20 tokens: a full one)
         other = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]
         memory = app.meter.state.active_bytes, app.meter.state.rss_bytes
         assert all(memory)
@@ -132,6 +135,8 @@ async def test_opening_a_session_resets_the_turn_figures(qwen3_dirs):
         await pilot.pause()
         assert app.meter.state.turns == [] and app.meter.state.tps is None
         assert (app.meter.state.active_bytes, app.meter.state.rss_bytes) == memory  # the process's: it stays
+        # the speedup is the pair's, from the last full reply of this run: it stays, and says where it is from
+        assert app.meter.state.speedup_figure == kept and "0.75× (last full reply)" in _body(app), _body(app)
         # the pane shows the opened session's reply in view, nothing of what was on screen before
         recorded = [(e["drafted"], e["emitted"]) for e in session.messages[-1].trace if e["type"] == "block"]
         shown = [(b.drafted, b.emitted) for b in app.acceptance.rows.rows]

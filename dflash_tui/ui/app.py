@@ -345,7 +345,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         messages = session.conversation()
         await self.chat.clear()
         memory = (self.meter.state.active_bytes, self.meter.state.peak_bytes, self.meter.state.rss_bytes)
-        self.meter.reset_turns()  # the figures of the conversation before go; a new pair resets the rest
+        self.meter.reset_turns(keep_speedup=True)  # the conversation's figures go; a new pair resets the rest
         self.meter.set_memory(*memory)  # the process's, not the conversation's
         self.render_messages(session, session.messages)  # each with its id and versions (ui/branching.py)
         # another engine's token ids mean nothing to this tokenizer: its cycles are for its replay

@@ -322,11 +322,14 @@ class SystemMeter(Widget):
         if not s.generating:  # while a reply streams, the next batch's repaint shows it: no frame of its own
             self._paint.now()
 
-    def reset_turns(self) -> None:
-        """Forget the turn figures (a replay that jumps), keeping the pair and settings."""
-        keep = MeterState(target=self.state.target, draft=self.state.draft, no_draft=self.state.no_draft,
-                          device=self.state.device, where=self.state.where, settings=self.state.settings, baseline_tps=self.state.baseline_tps,
-                          probe_tps=self.state.probe_tps, next_block=self.state.next_block)
+    def reset_turns(self, keep_speedup: bool = False) -> None:
+        """Forget the turn figures (a replay that jumps), keeping the pair and settings; with `keep_speedup`
+        (another conversation opened), the last full reply's speedup too: it is the pair's, from this run."""
+        s = self.state
+        keep = MeterState(target=s.target, draft=s.draft, no_draft=s.no_draft, device=s.device, where=s.where,
+                          settings=s.settings, baseline_tps=s.baseline_tps, probe_tps=s.probe_tps, next_block=s.next_block)
+        if keep_speedup and s.kept_tps:
+            keep.kept_tps, keep.kept_is_last = s.kept_tps, False  # no longer the reply the meter shows
         self.state = keep
         self._update(spark=True)
 
