@@ -399,6 +399,20 @@ async def command(pilot, app, text: str) -> None:
     await pilot.pause()
 
 
+@pytest.mark.parametrize("block, shown", [(None, True), (0, True), (16, True), (4, False), (8, False)])
+async def test_the_servers_probe_speedup_shows_only_at_the_size_it_ran(dflash_server, block, shown):
+    app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
+    if block is not None:  # chosen by the user (--block-size): the server's probe ran its own, 16
+        app.options.block_size = block
+    async with app.run_test(size=SIZE) as pilot:
+        await connect(pilot, app)
+        await wait_for(pilot, lambda: app.meter.state.baseline_tps is not None, 10, "the server's figures")
+        await pilot.pause(0.1)
+        assert app.server.dflash_probe_tps  # the server measured it
+        assert (app.meter.state.probe_tps is not None) == shown
+        assert ("(probe)" in meter_text(app)) == shown, meter_text(app)
+
+
 async def test_baseline_and_block_size_reach_a_dflash_serve(dflash_server):
     app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)
     app.options.max_tokens = 24

@@ -145,7 +145,18 @@ class PairLoading:
 
     @while_shown
     def on_probe_measured(self, message: msg.ProbeMeasured) -> None:
-        self.meter.set_probe_tps(message.tokens_per_second)
+        if not self._probe_ran_another_size():
+            self.meter.set_probe_tps(message.tokens_per_second)
+
+    def _probe_ran_another_size(self) -> bool:
+        """A server's probe ran at its own block size; one chosen here that differs is not what it measured
+        (as a local probe's figure goes on a new /block)."""
+        server = self.server
+        chosen = self.generation_settings().get("block_size") if server is not None else None
+        if chosen is None:  # the server's own size applies: the one its probe ran
+            return False
+        own = server.block_size or None
+        return (chosen or own) != (server.default_block or own)
 
     @while_shown
     def on_sizer_plan(self, message: msg.SizerPlan) -> None:
