@@ -251,3 +251,30 @@ def test_the_drafts_own_block_size_limits_block_where_a_server_reports_it(fake):
     info = client.connect()
     assert info.block_size == 4 and info.default_block == 4
     client.close()
+
+
+def test_a_restarted_dflash_server_s_figures_are_read_again(fake):
+    """dflash-tui serve measures its probe after each start: the client reads the figures again before a
+    turn (a changed pair's are dropped: they would compare other things)."""
+    import json
+
+    def entry(model="m", draft_block=16, probe=(40.0, 30.0)):
+        ext = {"draft": True, "num_spec_tokens": 15, "draft_block_size": draft_block, "block_size": None,
+               "probe": {"target_alone_tps": probe[0], "dflash_tps": probe[1]}}
+        return json.dumps({"object": "list", "data": [{"id": model, "object": "model", "dflash": ext}]}).encode()
+
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry())
+    client = RemoteClient(RemoteTarget(fake.url))
+    info = client.connect()
+    assert client.refresh_figures() is False and (info.target_alone_tps, info.dflash_probe_tps) == (40.0, 30.0)
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry(probe=(52.5, 31.0)))  # restarted: measured anew
+    assert client.refresh_figures() is True
+    assert client.info is info and (info.target_alone_tps, info.dflash_probe_tps) == (52.5, 31.0)
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry(draft_block=8))  # another draft now
+    assert client.refresh_figures() is True and (info.target_alone_tps, info.dflash_probe_tps) == (None, None)
+    assert info.block_size == 16  # the rest stays what the app was told at connect
+    fake.routes[("GET", "/v1/models")] = (200, JSON, entry(model="other"))
+    assert client.refresh_figures() is False and info.model == "m"
+    fake.stop()  # down: nothing changes here, the turn says it
+    assert client.refresh_figures() is False and info.model == "m"
+    client.close()

@@ -399,6 +399,27 @@ async def command(pilot, app, text: str) -> None:
     await pilot.pause()
 
 
+async def test_a_restarted_server_s_target_alone_figure_is_the_one_replies_use(qwen3_dirs):
+    args = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]), "--log-level", "warning"]
+    port = _free_port()
+    with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}, port=port) as first:
+        app = DFlashApp(remote=RemoteTarget(first.base_url), probe_tokens=0)
+        app.options.max_tokens = 16
+        async with app.run_test(size=SIZE) as pilot:
+            await connect(pilot, app)
+            await wait_for(pilot, lambda: app.baseline_tps is not None, 10, "the server's figures")
+            before = app.baseline_tps
+            first.stop()
+            with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}, port=port) as second:  # the same address
+                again = json.loads(urllib.request.urlopen(second.base_url + "/v1/models").read())
+                measured = again["data"][0]["dflash"]["probe"]["target_alone_tps"]
+                assert measured != before  # its own probe, timed anew
+                await turn(pilot, app, "Write a function that reverses a list")
+                assert app.baseline_tps == app.meter.state.baseline_tps == measured
+                done = app.session.messages[-1].done()
+                assert done.stats["baseline_tps"] == measured  # the reply's record divides by the new one
+
+
 @pytest.mark.parametrize("block, shown", [(None, True), (0, True), (16, True), (4, False), (8, False)])
 async def test_the_servers_probe_speedup_shows_only_at_the_size_it_ran(dflash_server, block, shown):
     app = DFlashApp(remote=RemoteTarget(dflash_server.base_url), probe_tokens=0)

@@ -160,6 +160,25 @@ class RemoteClient:
         except httpx.HTTPError as exc:
             raise RemoteError(f"{self.url}: {_one_line(exc) or type(exc).__name__}") from None
 
+    def refresh_figures(self) -> bool:
+        """Read a dflash-tui server's figures again (a restarted server measures its probe anew); True if
+        they changed. A server that now serves another pair keeps none: they would compare other things."""
+        old = self.info
+        if old is None or old.kind != "dflash":
+            return False
+        try:
+            new = self.connect()
+        except RemoteError:  # down or changed: the turn itself says so
+            self.info = old
+            return False
+        self.info = old
+        if (new.model, new.draft, new.block_size, new.default_block) != (old.model, old.draft, old.block_size,
+                                                                        old.default_block):
+            new.target_alone_tps = new.dflash_probe_tps = None
+        changed = (new.target_alone_tps, new.dflash_probe_tps) != (old.target_alone_tps, old.dflash_probe_tps)
+        old.target_alone_tps, old.dflash_probe_tps = new.target_alone_tps, new.dflash_probe_tps
+        return changed
+
     def connect(self) -> ServerInfo:
         """Ask the server what it serves (GET /v1/models); RemoteError in one line if it cannot be used."""
         r = self._get("/v1/models")

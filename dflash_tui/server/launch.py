@@ -21,8 +21,8 @@ class ServerProcess:
     """`with ServerProcess(["--demo"]) as s: s.base_url` -> "http://127.0.0.1:PORT"."""
 
     def __init__(self, args: Sequence[str], host: str = "127.0.0.1", timeout: float = 120.0,
-                 env: Optional[dict[str, str]] = None) -> None:
-        self.args = [*args, "--host", host, "--port", "0"]
+                 env: Optional[dict[str, str]] = None, port: int = 0) -> None:
+        self.args = [*args, "--host", host, "--port", str(port)]  # 0: one the system picks
         self.timeout = timeout
         self.env = {**os.environ, **(env or {})}
         self.proc: Optional[subprocess.Popen] = None

@@ -120,6 +120,9 @@ class RemoteWorker(EngineWorker):
         if client is None or client.info is None:
             self._post(msg.TurnFailed(req.turn_id, "not connected to a server"))
             return
+        if client.refresh_figures():  # before the reply, so that its speedup and its record use them
+            self._post(msg.BaselineMeasured(client.info.target_alone_tps, "probe"))
+            self._post(msg.ProbeMeasured(client.info.dflash_probe_tps))
         if req.text is not None:
             self.messages.append({"role": "user", "content": req.text})
         elif self.messages and self.messages[-1]["role"] == "assistant":
