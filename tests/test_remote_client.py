@@ -10,6 +10,8 @@ server on 127.0.0.1 so the client's own network code runs.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from dflash_tui.engine.events import Block, Done, Error, Prefill
@@ -275,6 +277,11 @@ def test_a_restarted_dflash_server_s_figures_are_read_again(fake):
     assert info.block_size == 16  # the rest stays what the app was told at connect
     fake.routes[("GET", "/v1/models")] = (200, JSON, entry(model="other"))
     assert client.refresh_figures() is False and info.model == "m"
+    fake.routes[("GET", "/v1/models")] = lambda req: fake.release.wait(30)  # hung: not the turn's wait
+    tic = time.monotonic()
+    assert client.refresh_figures() is False and info.model == "m"
+    assert time.monotonic() - tic < 5
+    fake.release.set()
     fake.stop()  # down: nothing changes here, the turn says it
     assert client.refresh_figures() is False and info.model == "m"
     client.close()

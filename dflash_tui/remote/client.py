@@ -32,6 +32,7 @@ from dflash_tui.session_schema import check_event
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 120.0  # the longest silence before the reply starts (a busy server's queue, a long prefill)
 STALL_TIMEOUT_S = 30.0  # the longest silence once it streams: no cycle or token takes this long
+REFRESH_TIMEOUT_S = 2.0  # the figures read before a turn: a server that does not answer them at once is left to the turn
 MAX_TOKEN_TEXTS = 1 << 18
 MAX_ERROR_CHARS = 300
 
@@ -150,9 +151,9 @@ class RemoteClient:
             live.abort()
 
     # -- plain requests --------------------------------------------------------------
-    def _get(self, path: str) -> httpx.Response:
+    def _get(self, path: str, timeout: Optional[float] = None) -> httpx.Response:
         try:
-            return self.http.get(self.base + path)
+            return self.http.get(self.base + path, **({"timeout": timeout} if timeout else {}))
         except httpx.ConnectError:
             raise RemoteError(f"cannot reach {self.url}: nothing answers there") from None
         except httpx.TimeoutException:
@@ -167,8 +168,8 @@ class RemoteClient:
         if old is None or old.kind != "dflash":
             return False
         try:
-            new = self.connect()
-        except RemoteError:  # down or changed: the turn itself says so
+            new = self.connect(REFRESH_TIMEOUT_S)
+        except RemoteError:  # down, changed or slow: the turn itself says so
             self.info = old
             return False
         self.info = old
@@ -179,9 +180,9 @@ class RemoteClient:
         old.target_alone_tps, old.dflash_probe_tps = new.target_alone_tps, new.dflash_probe_tps
         return changed
 
-    def connect(self) -> ServerInfo:
+    def connect(self, timeout: Optional[float] = None) -> ServerInfo:
         """Ask the server what it serves (GET /v1/models); RemoteError in one line if it cannot be used."""
-        r = self._get("/v1/models")
+        r = self._get("/v1/models", timeout)
         if r.status_code >= 500 and self.target.model:  # a server whose list is broken can still chat
             self.info = ServerInfo(self.url, self.target.model, "openai")
             return self.info
