@@ -317,6 +317,26 @@ async def test_theme_switches_and_persists():
         assert again.theme == "mine"
 
 
+@pytest.mark.parametrize("in_file, for_run", [("my-theme", None), ("dflash-light", "dflash-lite"),
+                                              ("dflash-light", "dflash-amber")])
+async def test_a_missing_or_run_only_theme_never_reaches_config_toml(in_file, for_run):
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    mine = f'# mine\ntheme = "{in_file}"   # my own theme\n'
+    path.write_text(mine)
+    app = DFlashApp(start_engine=False, theme=for_run)
+    async with app.run_test(size=SIZE) as pilot:
+        shown = for_run if for_run in app.available_themes else "dflash-dark"  # a theme not found: the default
+        assert app.theme == shown
+        await pilot.pause(1.2)  # past the save timer
+    assert path.read_text() == mine  # neither the fallback nor this run's theme was written
+    again = DFlashApp(start_engine=False)
+    async with again.run_test(size=SIZE) as pilot:
+        await send(pilot, again, "/theme dflash-amber")  # a choice made in the app is written
+        await wait_for(pilot, lambda: "dflash-amber" in path.read_text(), 5, "the config to be written")
+    assert path.read_text() == mine.replace(in_file, "dflash-amber")  # its comments kept
+
+
 async def test_bad_config_falls_back_to_defaults_and_is_left_alone():
     path = config_path()
     path.parent.mkdir(parents=True)

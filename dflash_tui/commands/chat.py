@@ -102,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
         loaded.config.system = args.system
     if getattr(args, "draft_quant", None) is not None:
         loaded.config.draft_quant = args.draft_quant  # this run only
-    if args.theme:
-        loaded.config.theme = args.theme
     app = DFlashApp(
         model=model,
         draft=draft,
@@ -111,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         config=loaded,
         probe_tokens=0 if args.no_probe else None,
         remote=remote,
+        theme=args.theme,
     )
     # the engine thread drops the GIL at every MLX eval; a short switch interval hands it back
     # quickly while the UI thread renders, instead of the default 5 ms per hand-over

@@ -57,14 +57,17 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         start_engine: bool = True,
         probe_tokens: Optional[int] = None,
         remote: Optional[Any] = None,
+        theme: Optional[str] = None,
     ) -> None:
-        """`remote`: a RemoteTarget (remote/client.py): the engine is that server's, not MLX here."""
+        """`remote`: a RemoteTarget (remote/client.py): the engine is that server's, not MLX here.
+        `theme`: this run's (--theme), never written to config.toml."""
         super().__init__()
         read_alt_enter_as_new_line()
         read_pastes_whole(self.driver_class)  # a paste holding an ESC arrives whole (ui/paste_parser.py)
         self.loaded_config = config or load_config()
         cfg = self.loaded_config.config
         self.options = Config(**cfg.to_dict())  # this run's settings: slash commands change these, not the file
+        self.options.theme = theme or self.options.theme
         # the block size the app put in options for the pair (PairLoading.block_for); None once it is the user's
         self.block_default = None if "block_size" in self.loaded_config.given else self.options.block_size
         self._initial = (model or cfg.model or None, draft or (cfg.draft if not model else None) or None)
@@ -93,6 +96,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         self.init_turns()
         self._pending_load = None  # a PendingLoad while the engine loads a pair
         self._theme_save_timer = None
+        self._theme_chosen = False  # the user changed the theme in this run: only then is it written
         self._session_after_load = None
         self.session = None
         self.session_store = None

@@ -107,9 +107,14 @@ class ThemeKeeping:
             if wanted != DEFAULT_THEME:
                 self.notify(f"no theme named '{wanted}'; using {DEFAULT_THEME}", severity="warning")
             self.theme = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
+        self._theme_at_start = self.theme
         self.theme_changed_signal.subscribe(self, self._theme_changed)
 
     def _theme_changed(self, theme: Theme) -> None:
+        # setting up is not a choice: a fallback for a missing theme, or --theme's, stays out of the file
+        if not self._theme_chosen and theme.name == self._theme_at_start:
+            return
+        self._theme_chosen = True
         self.options.theme = theme.name
         # the theme picker previews as you move: write once things settle
         if self._theme_save_timer is not None:
@@ -118,7 +123,7 @@ class ThemeKeeping:
 
     def _save_theme(self) -> None:
         self._theme_save_timer = None
-        if self.options.theme == self.loaded_config.config.theme:
+        if not self._theme_chosen or self.options.theme == self.loaded_config.config.theme:
             return
         try:
             save_settings(self.loaded_config, theme=self.options.theme)
