@@ -196,18 +196,23 @@ class LoadedConfig:
         return f"{self.path}: " + "; ".join(self.problems) + " (using defaults for these; the file was left as it is)"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a settings file of a few lines; anything near this is not one
+
+
 def load_config(path: Optional[Path] = None) -> LoadedConfig:
     """Read config.toml; never raises for a bad file (the problems are listed instead)."""
+    from dflash_tui.files import read_regular_file
+
     path = path or config_path()
     cfg = Config()
     if not path.exists():
         return LoadedConfig(cfg, path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # a regular file of a sane size: a fifo would wait forever, /dev/zero would fill the memory
+        raw = tomllib.loads(read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         return LoadedConfig(cfg, path, [f"cannot be read ({exc.__class__.__name__}: {exc})"], writable=False)
-    except tomllib.TOMLDecodeError as exc:
-        return LoadedConfig(cfg, path, [f"is not valid TOML ({exc})"], writable=False)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # RecursionError: arrays nested thousands deep
+        return LoadedConfig(cfg, path, [f"is not valid TOML ({exc.__class__.__name__}: {exc})"], writable=False)
     problems, bad_values, given = [], False, set()
     known = {f.name for f in fields(Config)}
     for key, value in raw.items():
@@ -238,9 +243,11 @@ def save_settings(loaded: LoadedConfig, **changes: Any) -> None:
 
     doc = tomlkit.document()
     if loaded.path.exists():
+        from dflash_tui.files import read_regular_file
+
         try:
-            doc = tomlkit.parse(loaded.path.read_text(encoding="utf-8"))
-        except ValueError:  # broken since it was read (tomlkit's ParseError, UnicodeDecodeError): leave it
+            doc = tomlkit.parse(read_regular_file(loaded.path, MAX_CONFIG_BYTES).decode("utf-8"))
+        except (ValueError, RecursionError):  # broken since it was read (tomlkit's ParseError, a bad encoding)
             raise PermissionError(f"{loaded.path} is no longer valid TOML, so it is left as it is") from None
     for key, value in changes.items():
         doc[key] = value  # an existing key keeps its place and its comment

@@ -48,6 +48,38 @@ def test_invalid_toml_falls_back_and_is_never_overwritten():
     assert path.read_text() == broken
 
 
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "deep"])
+def test_a_special_huge_or_deep_file_is_reported_at_once_and_left_alone(kind):
+    import os
+    import threading
+
+    path = config_path()
+    path.parent.mkdir(parents=True)
+    if kind == "fifo":
+        os.mkfifo(path)  # reading it would wait for a writer forever
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")  # reading it would fill the memory
+    elif kind == "huge":
+        path.write_text("# " + "x" * (2 << 20) + "\n")
+    else:
+        path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")  # tomllib recurses once per level
+    before = os.lstat(path)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(load_config()), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got, "load_config hung"
+    loaded = got[0]
+    assert loaded.config == Config() and not loaded.writable
+    words = {"fifo": "not a regular file (a fifo)", "dev-zero": "not a regular file (a device)",
+             "huge": "too big", "deep": "not valid TOML (RecursionError"}[kind]
+    assert words in loaded.message and str(path) in loaded.message
+    with pytest.raises(PermissionError):
+        save_settings(loaded, theme="dflash-amber")
+    after = os.lstat(path)  # left as it is: the same fifo, link or file
+    assert (after.st_mode, after.st_size, after.st_mtime_ns) == (before.st_mode, before.st_size, before.st_mtime_ns)
+
+
 def test_bad_values_fall_back_one_by_one():
     path = config_path()
     path.parent.mkdir(parents=True)
