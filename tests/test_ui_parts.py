@@ -149,9 +149,22 @@ def test_theme_files_are_checked(tmp_path):
         theme_from_dict({"primary": "#fff"})
     (tmp_path / "good.toml").write_text('name = "good"\nprimary = "#112233"\ndark = false\n')
     (tmp_path / "bad.toml").write_text('name = "bad"\nprimary = \n')
-    themes, problems = load_themes([tmp_path])
+    import os
+    import threading
+
+    os.mkfifo(tmp_path / "fifo.toml")  # reading it would wait for a writer forever
+    (tmp_path / "zero.toml").symlink_to("/dev/zero")
+    (tmp_path / "deep.toml").write_text('name = "deep"\nprimary = "#fff"\nv = ' + "[" * 5000 + "]" * 5000 + "\n")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(load_themes([tmp_path])), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert got, "loading the themes hung"
+    themes, problems = got[0]
     assert [t.name for t in themes] == ["good"] and not themes[0].dark
-    assert len(problems) == 1 and "bad.toml" in problems[0]
+    assert sorted(p.split(":")[0].rsplit("/", 1)[-1] for p in problems) == ["bad.toml", "deep.toml", "fifo.toml",
+                                                                            "zero.toml"]
+    assert any("not a regular file (a fifo)" in p for p in problems)
 
 
 def test_bundled_themes_load():

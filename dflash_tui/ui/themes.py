@@ -13,7 +13,8 @@ except ModuleNotFoundError:  # Python 3.10
 from textual.color import Color, ColorParseError
 from textual.theme import Theme
 
-from dflash_tui.config import DEFAULT_THEME, save_settings, user_themes_dir
+from dflash_tui.config import DEFAULT_THEME, MAX_CONFIG_BYTES, save_settings, user_themes_dir
+from dflash_tui.files import read_regular_file
 
 COLOR_KEYS = ("primary", "secondary", "accent", "warning", "error", "success", "foreground", "background", "surface", "panel", "boost")
 
@@ -65,12 +66,12 @@ def theme_from_dict(data: dict[str, Any], source: str = "theme") -> Theme:
 
 
 def load_theme_file(path: Path) -> Theme:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # a regular file of a sane size: a fifo among the themes would hang the start
+        data = tomllib.loads(read_regular_file(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ThemeError(f"{path}: cannot be read: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ThemeError(f"{path}: not valid TOML: {exc}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ThemeError(f"{path}: not valid TOML: {exc.__class__.__name__}: {exc}") from None
     return theme_from_dict(data, str(path))
 
 
