@@ -115,7 +115,7 @@ def test_serve_takes_0_as_the_drafts_own_and_refuses_17_at_start(qwen3_dirs):
                             "--block-size", "17"], capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pytest.fail("serve started with a block size its draft refuses on every request")
-    assert r.returncode != 0
+    assert r.returncode == 2  # a usage error
     assert r.stderr.strip().splitlines()[-1].startswith("dflash-tui: block size 17 refused: the draft was trained"), r.stderr
 
 

@@ -123,6 +123,24 @@ def test_stdin_with_its_line_end_gives_the_reply_the_same_text_as_an_argument_gi
     assert json.loads(piped.stdout.splitlines()[0])["prompt_tokens"] == json.loads(given.stdout.splitlines()[0])["prompt_tokens"]
 
 
+@pytest.mark.parametrize("flags, words", [(["--pipeline"], "--pipeline needs --distributed (under mlx.launch)"),
+                                          (["--rank-timeout", "-1"], "--rank-timeout: seconds, 0 or more"),
+                                          (["--rank-timeout", "nan"], "--rank-timeout: seconds, 0 or more")])
+def test_distributed_flags_out_of_place_are_usage_errors(qwen3_dirs, flags, words):
+    r = cli("generate", "hi", *pair_args(qwen3_dirs), *flags)
+    assert r.returncode == 2 and r.stderr.strip().startswith(f"dflash-tui: {words}"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_endless_standard_input_is_one_line_not_a_memory_error(qwen3_dirs):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    with open("/dev/zero", "rb") as zero:  # `generate - < /dev/zero`: read up to the cap, then refused
+        r = subprocess.run([sys.executable, "-m", "dflash_tui", "generate", "-", *pair_args(qwen3_dirs)], stdin=zero,
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip() == "dflash-tui: standard input goes past 16 MiB: more text than any context holds"
+
+
 def test_baseline_prints_target_only_figures(qwen3_dirs):
     r = cli("generate", "hi", *pair_args(qwen3_dirs), "--max-tokens", "6", "--baseline")
     assert r.returncode == 0, r.stderr
@@ -135,5 +153,7 @@ def test_a_block_past_the_drafts_own_is_refused_by_generate_and_bench(qwen3_dirs
     for command in (["generate", "hi", "--max-tokens", "8"], ["bench", "--runs", "1", "--max-tokens", "8"]):
         r = cli(*command, *pair_args(qwen3_dirs), "--block-size", "17")
         assert_one_line_error(r, "block size 17 refused: the draft was trained to draft blocks of 16 tokens")
+        if command[0] == "generate":
+            assert r.returncode == 2  # a usage error: the flag's value does not fit this draft
     r = cli("generate", "hi", *pair_args(qwen3_dirs), "--max-tokens", "8", "--block-size", "16")
     assert r.returncode == 0, r.stderr  # the draft's own is the most it may be asked for

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Optional, Union
 
 from dflash_tui.errors import UserError
@@ -105,9 +106,12 @@ def add_distributed_arguments(parser: argparse.ArgumentParser) -> None:
 
 def ranks_from_args(args: argparse.Namespace):
     """The Ranks of a --distributed run (watchdog started), or None."""
+    timeout = getattr(args, "rank_timeout", 0.0)
+    if not (math.isfinite(timeout) and timeout >= 0):  # a usage error, as argparse's
+        raise UserError(f"--rank-timeout: seconds, 0 or more (0: never), got {timeout}", exit_code=2)
     if not getattr(args, "distributed", False):
         if getattr(args, "pipeline", False):
-            raise UserError("--pipeline needs --distributed (under mlx.launch)")
+            raise UserError("--pipeline needs --distributed (under mlx.launch)", exit_code=2)
         return None
     from dflash_tui.engine.distributed import Ranks, init_group
 

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     from dflash_tui.engine.conversation import Conversation
     from dflash_tui.engine.events import Block, Done, Error, Prefill, event_to_dict
+    from dflash_tui.engine.block_limit import refusal
     from dflash_tui.engine.loading import load_pair
 
     prompt = strip_one_newline(read_stdin()) if args.prompt == "-" else args.prompt
@@ -68,6 +69,9 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
     model, draft = resolve_pair(args)
     pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, require_draft=not args.baseline, ranks=ranks,
                      draft_quant=args.draft_quant or 0)
+    block = settings.block_size
+    if pair.draft is not None and isinstance(block, int) and (refused := refusal(block, pair.draft.config.block_size)):
+        raise UserError(refused, exit_code=2)  # a usage error: the flag's value does not fit this draft
     conv = Conversation(pair, system=args.system, use_chat_template=not args.no_chat_template)
     if ranks is not None:
         conv.ranks = ranks
@@ -128,9 +132,16 @@ def strip_one_newline(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+MAX_PROMPT_BYTES = 16 << 20  # several times the text of the longest context any model here takes
+
+
 def read_stdin() -> str:
-    """Standard input as UTF-8 text; one clear error for anything else."""
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8", "surrogateescape")
+    """Standard input as UTF-8 text; one clear error for anything else (endless input included)."""
+    stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else None
+    raw = stream.read(MAX_PROMPT_BYTES + 1) if stream is not None else \
+        sys.stdin.read(MAX_PROMPT_BYTES + 1).encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_PROMPT_BYTES:
+        raise UserError(f"standard input goes past {MAX_PROMPT_BYTES >> 20} MiB: more text than any context holds")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -148,7 +148,7 @@ def _serve(args: argparse.Namespace, api_key: Optional[str], model: str, draft: 
         if engine.load_error is not None:
             raise UserError(engine.load_error)
         if isinstance(args.block_size, int) and (refused := refusal(args.block_size, engine.draft_block)):
-            raise UserError(refused)  # at start, not a refusal on every request
+            raise UserError(refused, exit_code=2)  # at start, not a refusal on every request; a usage error
         metrics = ServerMetrics(name, engine.counts)
         engine.metrics = metrics
         limits = Limits(model_ids=(name,), max_tokens_limit=args.max_tokens_limit, block_size=args.block_size,
