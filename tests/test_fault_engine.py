@@ -46,6 +46,17 @@ def test_a_prompt_past_the_context_is_refused_before_any_prefill(qwen3_pair, mon
     assert isinstance(list(conv.generate("hi", GenerationSettings(max_tokens=2)))[-1], Done)  # and it goes on
 
 
+@pytest.mark.parametrize("baseline", [False, True])
+def test_a_reply_ends_where_the_context_is_full(qwen3_pair, monkeypatch, baseline):
+    conv = Conversation(qwen3_pair)
+    n = len(conv.prompt_tokens([{"role": "user", "content": "word " * 20}]))
+    monkeypatch.setattr(qwen3_pair.target.args, "max_position_embeddings", n + 5)
+    done = list(conv.generate("word " * 20, GenerationSettings(max_tokens=40, block_size=4, baseline=baseline)))[-1]
+    assert isinstance(done, Done)
+    assert len(done.tokens) == 5 and done.finish_reason == "length"  # 40 without the cap: it went past the context
+    assert len(conv.state.tokens) <= n + 5
+
+
 @pytest.mark.skipif(not demo_pair_bundled(), reason="the demo pair is not in this checkout")
 def test_generate_on_the_demo_pair_refuses_a_prompt_past_its_context_at_once(capsys):
     tic = time.perf_counter()

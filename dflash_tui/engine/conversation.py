@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
@@ -160,6 +160,8 @@ class Conversation:
                 self.messages.pop()
             yield Error(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens")
             return
+        if limit is not None and len(prompt) + settings.max_tokens > limit:  # past it the model was never trained
+            settings = replace(settings, max_tokens=limit - len(prompt))  # the reply ends "length" where it is full
         try:
             sampling = settings.sampling()
         except ValueError as exc:
