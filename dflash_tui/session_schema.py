@@ -66,6 +66,16 @@ def _amount(v: Any) -> bool:
 MIN_RATE, MAX_RATE = 1e-3, 1e9
 
 
+def _is_time(text: str) -> bool:
+    from datetime import datetime
+
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return len(text) <= 40
+
+
 def _rate(v: Any) -> bool:
     return is_number(v) and (v == 0 or MIN_RATE <= v <= MAX_RATE)
 
@@ -288,6 +298,8 @@ def check_session(data: Any, valid_id: Callable[[str], bool], values_checked: bo
     _check(isinstance(sid, str) and valid_id(sid), "bad session id")
     for key in ("title", "created", "updated", "target"):
         _check(isinstance(data.get(key), str), f"'{key}' is missing or not text")
+    for key in ("created", "updated"):  # the list sorts by them: "9999-99-99" would sit first forever
+        _check(_is_time(data[key]), f"'{key}' is not a date and time (ISO 8601)")
     for key in ("draft", "device", "server"):
         _check(data.get(key) is None or isinstance(data.get(key), str), f"'{key}' must be text or null")
     baseline: Optional[float] = data.get("baseline_tps")

@@ -216,6 +216,8 @@ class SessionStore:
             return self.root / f"{text}.json"
         path = Path(text).expanduser()
         if not path.exists():
+            if path.is_symlink():  # a link to nothing, or a loop: nothing here reads or deletes it
+                raise SessionError(f"{path.name}: a link that leads to no session file; left as it is")
             raise SessionError(f"no such session file: {text}")
         if not path.is_file():
             raise SessionError(f"not a session file: {text}")

@@ -58,7 +58,7 @@ def _reply(data: dict, trace: list) -> dict:
 def _evil_text() -> dict:
     """Valid, but with terminal controls in every text a view shows."""
     data = _with("evil-text", title="osc " + ESCAPES, target="org/t" + ESCAPES, draft="org/d" + ESCAPES,
-                 device="cpu" + ESCAPES, updated="2031-01-01T00:00:00+00:00" + ESCAPES)
+                 device="cpu" + ESCAPES, updated="2031-01-01T00:00:00+00:00")  # a date: controls there are refused
     data["settings"]["note"] = ESCAPES
     for m in data["messages"]:
         m["content"] += ESCAPES
@@ -104,6 +104,8 @@ BAD_DATA = {
     "nan.json": lambda: json.dumps(_with("nan", baseline_tps=1.5)).replace('"baseline_tps": 1.5', '"baseline_tps": NaN').encode(),
     "stats-wrong-type.json": lambda: _reply(_with("stats-wrong-type"), _stats(tokens_per_cycle="fast")),
     "stats-null.json": lambda: _reply(_with("stats-null"), _stats(decode_tps=None)),
+    "date-with-escapes.json": lambda: _with("date-with-escapes", updated="2031-01-01T00:00:00+00:00" + ESCAPES),
+    "date-not-a-date.json": lambda: _with("date-not-a-date", created="9999-99-99"),
     "float-huge-in-stats.json": lambda: _reply(_with("float-huge-in-stats"), _stats(decode_tps=1e300)),
     "float-huge-baseline.json": lambda: _with("float-huge-baseline", baseline_tps=1e300),
     # a ratio of two figures each fine alone: a speedup of 10^300 (the reply's recorded target-alone rate)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 def _short_session(cycle_s: float = 0.02, cycles: int = 10) -> Session:
     """Two messages; the reply's cycles are `cycle_s` apart (recorded)."""
-    s = Session(id="short", title="t", created="", updated="", target="t", draft="d", settings={})
+    s = Session(id="short", title="t", created="2025-01-04T09:00:00+00:00", updated="2025-01-04T09:00:00+00:00", target="t", draft="d", settings={})
     s.add_message("user", "hi")
     trace = [{"t": 0.01, **event_to_dict(Prefill(5, 0, 0.01))}]
     for i in range(cycles):

@@ -160,7 +160,7 @@ def test_a_hostile_file_never_enters_the_index(tmp_path):
 
 def test_search_by_title_and_text_quoting_query_syntax(tmp_path):
     store = _store(tmp_path)
-    s = Session(id="gamma-1", title="", created="c", updated="2025-01-04T10:00:00+00:00", target="t", draft=None,
+    s = Session(id="gamma-1", title="", created="2025-01-04T09:00:00+00:00", updated="2025-01-04T10:00:00+00:00", target="t", draft=None,
                 settings={})
     s.add_message("user", "first question")
     s.add_message("assistant", "an answer")

@@ -83,7 +83,7 @@ def test_the_tree_survives_a_save_and_a_load(tmp_path):
 
 
 def test_delete_pair_moves_later_turns_up_and_keeps_other_replies(tmp_path):
-    s = Session(id="d", title="", created="", updated="", target="t", draft=None, settings={})
+    s = Session(id="d", title="", created="2025-01-04T09:00:00+00:00", updated="2025-01-04T09:00:00+00:00", target="t", draft=None, settings={})
     for i in range(3):
         s.add_message("user", f"q{i}")
         s.add_message("assistant", f"a{i}")
@@ -133,7 +133,7 @@ def test_an_old_file_is_one_branch_in_memory_and_left_as_it_is(tmp_path):
 
 def _tree_file(**changes) -> dict:
     data = json.loads(FIXTURE.read_text())
-    s = Session(id="t", title="t", created="c", updated="u", target="x", draft=None, settings={})
+    s = Session(id="t", title="t", created="2025-01-04T09:00:00+00:00", updated="2025-01-04T09:00:00+00:00", target="x", draft=None, settings={})
     s.add_message("user", "q")
     s.add_message("assistant", "a")
     data.update(s.to_dict())

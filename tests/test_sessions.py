@@ -149,6 +149,8 @@ def _write_bad_files(root: Path) -> dict[str, bytes]:
         "newer.json": json.dumps(newer).encode(),
         "binary.json": b"\xff\xfe\x00garbage",
         "misnamed.json": json.dumps(dict(good, id="another-id")).encode(),
+        "baddate.json": json.dumps(dict(good, id="baddate", created="not a date")).encode(),
+        "farfuture.json": json.dumps(dict(good, id="farfuture", updated="9999-99-99")).encode(),
         "badtrace.json": json.dumps(dict(good, id="badtrace", messages=[
             {"role": "assistant", "content": "x", "trace": [{"t": 0, "type": "shell", "cmd": "rm -rf /"}]}])).encode(),
     }
@@ -175,6 +177,7 @@ def test_bad_files_are_reported_by_name_and_never_touched(tmp_path):
     assert "truncated" in next(p for p in problems if p.startswith("truncated.json"))
     assert "newer dflash-tui" in next(p for p in problems if p.startswith("newer.json"))
     assert "foreign" in next(p for p in problems if p.startswith("foreign.json"))
+    assert "'updated' is not a date and time" in next(p for p in problems if p.startswith("farfuture.json"))
 
     for name in files:
         with pytest.raises(SessionError) as exc:
@@ -375,12 +378,16 @@ def test_cli_sessions_list_show_export_delete(tmp_path):
     (("replay", "BROKEN"), "broken.json: truncated JSON"),
     (("sessions", "delete", "../../etc", "--yes"), "not a session id"),
     (("replay", "x", "--speed", "100"), "speed must be"),
+    (("sessions", "search", "x", "--snippets", "-1"), "--snippets: 0 or more, got -1"),
+    (("sessions", "delete", "20250101-000000-loop0000", "--yes"), "20250101-000000-loop0000.json: a link that leads "
+                                                                  "to no session file; left as it is"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, args, expect):
     root = tmp_path / "data" / "sessions"
     root.mkdir(parents=True)
     broken = root / "broken.json"
     broken.write_text('{"format": "dflash-tui-session", ')
+    (root / "20250101-000000-loop0000.json").symlink_to("20250101-000000-loop0000.json")  # a link to itself
     args = tuple(str(broken) if a == "BROKEN" else a for a in args)
     r = _cli(*args, env_dir=tmp_path / "data")
     assert r.returncode != 0

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("list", help="saved sessions, newest first (and where they are)")
     p.add_argument("--json", action="store_true", help="one JSON object: folder, sessions and unreadable files")
     p = sub.add_parser("search", help="sessions whose title or messages hold every word of TEXT")
-    p.add_argument("text", metavar="TEXT", help="words (each matches as a word prefix; case and accents ignored)")
+    p.add_argument("text", metavar="TEXT", help="words (each matches as a word prefix; case and accents ignored; "
+                                                "text that starts with - after --)")
     p.add_argument("--json", action="store_true", help="one JSON object: the sessions found")
     p.add_argument("--snippets", type=int, default=SNIPPETS, metavar="N",
                    help=f"show the words in context for the newest N found (default {SNIPPETS})")
@@ -80,8 +81,10 @@ def _search(store, args) -> int:
     if not args.text.strip():  # every session "holds" nothing: a usage error, as argparse's are (exit 2)
         raise UserError("sessions search: give a word to look for (`sessions list` lists every session)",
                         exit_code=2)
+    if args.snippets < 0:
+        raise UserError(f"--snippets: 0 or more, got {args.snippets}", exit_code=2)
     store.check()
-    hits, problems = store.search(args.text, snippets=max(0, args.snippets))
+    hits, problems = store.search(args.text, snippets=args.snippets)
     if args.json:
         found = [dict(h.summary.to_dict(), snippet=h.snippet) for h in hits]
         print(terminal_json(json.dumps({"folder": str(store.root), "query": args.text, "sessions": found,
