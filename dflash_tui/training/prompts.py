@@ -7,13 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from dflash_tui.errors import UserError
+from dflash_tui.files import read_regular_file
+
+# a regular file of at most this many bytes: a fifo or a device (/dev/zero) is refused in one line, not
+# read until memory runs out; a million prompts of a kilobyte each still fit
+MAX_PROMPTS_BYTES = 1 << 30
 
 
 def read_prompts(path: Path) -> list[list[dict[str, str]]]:
     """JSONL of {"prompt": text} or {"messages": [...]}: the conversations to answer (a trailing reply is dropped)."""
     convs = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = read_regular_file(Path(path), MAX_PROMPTS_BYTES).decode("utf-8").splitlines()
     except OSError as exc:
         raise UserError(f"cannot read prompts file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

@@ -72,6 +72,18 @@ class TrainConfig:
         return self.gamma or {16: 7.0, 10: 5.0, 8: 4.0}.get(self.block_size, 7.0 * self.block_size / 16)
 
 
+def finite_or_none(value: Any) -> Any:
+    """`value` with every NaN or infinity (a run that took no step, a loss that diverged) as None, so that
+    json.dumps writes valid JSON (null) instead of NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
 # -- shapes and init -------------------------------------------------------
 def default_target_layers(n: int) -> list[int]:
     """z-lab's spread (1, ..., n-3 in 5 steps) for deep targets; for shallow ones, up to the last layer."""
@@ -98,6 +110,9 @@ def make_draft_config(target: Target, cfg: TrainConfig) -> DraftConfig:
     mask = cfg.mask_token_id if cfg.mask_token_id is not None else find_mask_token(target.tokenizer)
     if mask is None:
         raise UserError("the target's tokenizer has no mask token (<|mask|>); pass --mask-token-id")
+    if cfg.mask_token_id is not None and not 0 <= mask < target.vocab_size:  # past the embedding: garbage
+        raise UserError(f"--mask-token-id: must be below the target's vocabulary size {target.vocab_size}, got {mask}",
+                        exit_code=2)
     ids = cfg.target_layer_ids or default_target_layers(target.num_layers)
     bad = [i for i in ids if not 0 <= i < target.num_layers]
     if bad:
@@ -369,7 +384,7 @@ def train_steps(target: Target, draft: DFlashDraft, data: Sequences, cfg: TrainC
         "hit_rate_by_position": [round(float(x), 4) for x in s[:-1]],
         "estimated_tokens_per_cycle": 1 + float(s[-1]),
     }
-    log(f"[draft] done: {json.dumps(metrics)}")
+    log(f"[draft] done: {json.dumps(finite_or_none(metrics))}")
     return metrics
 
 
@@ -405,7 +420,7 @@ def train_draft(target: Target, prompts: Sequence[list[dict[str, str]]], out_dir
     metrics = {"train": train_steps(target, draft, data, cfg, out_dir, resume=resume)}
     if eval_prompts:
         metrics["eval"] = evaluate_checkpoint(target, out_dir, eval_prompts, cfg)
-    (out_dir / STATE_DIR / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    (out_dir / STATE_DIR / "metrics.json").write_text(json.dumps(finite_or_none(metrics), indent=2, allow_nan=False))
     return metrics
 
 
