@@ -81,33 +81,21 @@ def test_values_at_the_edges_of_their_ranges_pass(tmp_path):
     check_flags(args)
 
 
-def test_the_summary_line_is_valid_json_when_the_loss_is_no_number(tmp_path, capsys, monkeypatch):
-    import dflash_tui.engine.loading as loading
-    import dflash_tui.training.trainer as trainer
-
-    monkeypatch.setattr(loading, "load_target", lambda *a, **k: object())
-    monkeypatch.setattr(trainer, "train_draft", lambda *a, **k: {
-        "train": {"steps": 3, "final_loss": float("nan")}, "eval": {"mean_tokens_per_cycle": float("inf")}})
-    assert main(_argv(tmp_path, "--steps", "3")) == 0
+def test_the_summary_line_is_valid_json_when_the_loss_is_no_number(tmp_path, capsys, tiny_target):
+    # a real run on the tiny target whose learning rate makes the loss overflow: NaN is not JSON
+    argv = ["train-draft", "--target", str(tiny_target), "--prompts", str(_prompts(tmp_path / "p.jsonl")),
+            "--out", str(tmp_path / "out"), "--steps", "2", "--lr", "1e30", "--max-new-tokens", "16",
+            "--eval-prompts", "1"]
+    assert main(argv) == 0
 
     def no_constants(name):
         raise AssertionError(f"{name} is not JSON")
 
     line = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(line, parse_constant=no_constants)
-    assert summary["steps"] == 3 and summary["final_loss"] is None and summary["mean_tokens_per_cycle"] is None
-
-
-# -- --out ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("force", [False, True])
-def test_out_that_holds_other_files_is_refused(tmp_path, capsys, no_model, force):
-    out = tmp_path / "mine"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    rc = main(_argv(tmp_path, "--steps", "1", *(["--force"] if force else []), out=out))
-    line = _one_line(capsys)
-    assert rc == 1 and "not empty" in line and "notes.txt" in line
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert summary["steps"] == 2 and summary["final_loss"] is None
+    metrics = json.loads((tmp_path / "out" / "trainer_state" / "metrics.json").read_text(), parse_constant=no_constants)
+    assert metrics
 
 
 def test_out_that_holds_a_run_needs_resume_or_force(tmp_path, capsys, no_model):
