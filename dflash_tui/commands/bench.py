@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if block is None:
         block = draft_block  # 0: the draft's own, named in the report
     elif isinstance(block, int) and (refused := refusal(block, draft_block)):
-        raise UserError(refused)  # before the baseline runs, not after
+        raise UserError(refused, exit_code=2)  # before the baseline runs; a usage error, as generate's
     tok = pair.target.tokenizer
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]
