@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", "-d", metavar="D", help="DFlash draft (default: the registry's for --model)")
     parser.add_argument("--demo", action="store_true", help="check the bundled demo pair (the default without --model)")
     parser.add_argument("--tokens", type=int, default=None, metavar="N",
-                        help="context length the memory figures are for (default 8192, or the model's context if shorter)")
+                        help="context length the memory figures are for, at most the model's context (default 8192, "
+                             "or the model's context if shorter; a longer one is a usage error)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout, for scripts")
     from dflash_tui.commands.common import add_distributed_arguments
 
@@ -66,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc), exit_code=USAGE) from None
     demo = args.demo or not args.model
     diag = diagnose(model, draft, tokens, draft_reason="the bundled demo pair" if demo else "given with --draft")
+    t = diag.target_facts
+    if tokens is not None and t is not None and t.context and tokens > t.context:
+        # the app refuses a prompt that long: figures for it would describe nothing that can run
+        raise UserError(f"--tokens {tokens} is beyond the model's context ({t.context} tokens)", exit_code=USAGE)
+    if t is not None and not t.context:  # config.json states none: the figures are for --tokens alone
+        diag.wont_work = [w.split(" (the model allows")[0] + ": they do not fit in memory"
+                          if w.startswith("contexts beyond") else w for w in diag.wont_work]
     if getattr(args, "distributed", False) and not _add_ranks(args, diag):
         return 1 if diag.failed else NOT_CHECKED if diag.unchecked else 0  # another rank than 0: rank 0 reports
     if args.json:
@@ -116,7 +124,8 @@ def report_lines(diag: "Diagnosis") -> list[str]:
     if t is not None:
         kinds = ", ".join(f"{n} {k}" for k, n in t.kinds.items())
         lines.append(f"         {t.model_type}: {t.num_layers} layers ({kinds}), hidden {t.hidden_size}, "
-                     f"vocab {t.vocab_size}, context {t.context}")
+                     f"vocab {t.vocab_size}, " + (f"context {t.context}" if t.context
+                                                  else "context not stated in config.json"))
         lines.append(f"         quantization: {t.quantization}; computes and caches in {t.activation_dtype}")
         lines.append("         hybrid: " + ("yes: Gated DeltaNet layers roll back from a per-cycle record"
                                             if t.hybrid else "no"))
@@ -144,10 +153,14 @@ def report_lines(diag: "Diagnosis") -> list[str]:
             rows.append(("hybrid state copies", m.hybrid_extra, 0))
         rows.append(("total", m.total, 0))
         lines += [f"  {what:<20} {hb(n)}" + (f" ({hb(per)} per token)" if per else "") for what, n, per in rows]
-        lines.append(f"  at the model's context ({m.context} tokens): {hb(m.total_at_context)}")
+        known = t is not None and t.context > 0  # else m.context is just m.tokens
+        if known:
+            lines.append(f"  at the model's context ({m.context} tokens): {hb(m.total_at_context)}")
         if m.budget is not None:
-            fits = ("the whole context fits" if m.max_tokens == m.context
-                    else f"fits up to about {m.max_tokens} tokens of context")
+            if m.max_tokens == m.context:
+                fits = "the whole context fits" if known else f"{m.tokens} tokens of context fit"
+            else:
+                fits = f"fits up to about {m.max_tokens} tokens of context"
             lines.append(f"  available: {hb(m.budget)} ({b.budget_source}); {fits}")
         if diag.distributed is not None:
             lines.append(f"  (the whole pair on one machine; each of the {diag.distributed.ranks} ranks holds a share)")

@@ -9,6 +9,8 @@ downloads.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,8 @@ from typing import Any, Optional
 from dflash_tui.engine.draft import DraftConfig, DraftLoadError
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
-               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+               "C64": 8}
 MAX_HEADER = 256 * 1024 * 1024  # a header longer than this is not a safetensors file
 DRAFT_BYTES = 2  # load_pair loads the draft in bfloat16: weights and cache
 STATE_BYTES = 4  # mlx-lm keeps the Gated DeltaNet recurrent state in float32
@@ -99,32 +102,74 @@ class Tensor:
 
 
 def read_header(path: Path) -> list[Tensor]:
-    """The tensors a safetensors file holds, from its header alone."""
+    """The tensors a safetensors file holds, from its header alone: each one's shape and dtype
+    must take exactly the bytes its data_offsets span, and those must lie within the file (the
+    checks mlx's loader makes before it reads a byte of them)."""
     try:
+        _regular(path, None)
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) != 8:
                 raise CheckpointError(f"{path.name} is not a safetensors file (too short)")
             (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER:
-                raise CheckpointError(f"{path.name} is not a safetensors file (header length {n})")
-            header = json.loads(f.read(n))
+            if n > MAX_HEADER or 8 + n > size:
+                raise CheckpointError(f"{path.name} is not a safetensors file (header length {n}, "
+                                      f"file size {size} bytes)")
+            raw = f.read(n)
     except OSError as exc:
         raise CheckpointError(f"{path.name} is unreadable: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError):
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise CheckpointError(f"{path.name} is not a safetensors file (bad header)") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path.name} is not a safetensors file (bad header)")
-    out = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            start, end = info["data_offsets"]
-            out.append(Tensor(str(name), str(info["dtype"]), [int(d) for d in info["shape"]], int(end) - int(start)))
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path.name} has a malformed entry for tensor {name!r}") from None
-    return out
+    data = size - 8 - n  # the bytes after the header
+    return [_tensor(path.name, str(name), info, data) for name, info in header.items() if name != "__metadata__"]
+
+
+def _regular(path: Path, limit: Optional[int]) -> None:
+    """A regular file (a fifo would hang the read, a device never end it), at most `limit` bytes."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path.name} is not a regular file")
+    if limit is not None and st.st_size > limit:
+        raise CheckpointError(f"{path.name} is {human_bytes(st.st_size)}, more than a config holds")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tensor(file: str, name: str, info: Any, data: int) -> Tensor:
+    """One header entry, checked: a known dtype, a shape of whole numbers, data_offsets spanning
+    exactly shape x dtype size, within the file's data."""
+    where = f"{file}: tensor {name!r:.80}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where} has a malformed entry")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise CheckpointError(f"{where} has an unknown dtype ({dtype!r:.40})")
+    if not isinstance(shape, list) or not all(_whole(d) and d >= 0 for d in shape):
+        raise CheckpointError(f"{where} has a malformed shape ({shape!r:.80})")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(o) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where} has malformed data_offsets ({offsets!r:.80})")
+    t = Tensor(name, dtype, shape, offsets[1] - offsets[0])
+    want = t.elements * DTYPE_BYTES[dtype]
+    if t.nbytes != want:
+        raise CheckpointError(f"{where}: {dtype} of shape {_short(shape)} takes {_short(want)} bytes, "
+                              f"but its data_offsets {_short(offsets)} span {_short(t.nbytes)}")
+    if offsets[1] > data:
+        raise CheckpointError(f"{where}: its data_offsets {_short(offsets)} run past the end of the file "
+                              f"({data} bytes of data)")
+    return t
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_weights(folder: Path, pattern: str) -> list[Tensor]:
@@ -135,13 +180,22 @@ def read_weights(folder: Path, pattern: str) -> list[Tensor]:
 
 
 # -- config ------------------------------------------------------------------------------------
+MAX_CONFIG = 16 * 1024 * 1024  # a config.json longer than this is not one (published ones are kilobytes)
+
+
 def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
     try:
-        cfg = json.loads((folder / "config.json").read_text())
+        _regular(path, MAX_CONFIG)
+        cfg = json.loads(path.read_bytes())
+    except CheckpointError:
+        raise
     except OSError:
         raise CheckpointError("no readable config.json") from None
-    except ValueError as exc:
-        raise CheckpointError(f"config.json is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CheckpointError("config.json is not valid JSON: nested too deep") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise CheckpointError(f"config.json is not valid JSON: {_short(exc)}") from None
     if not isinstance(cfg, dict):
         raise CheckpointError("config.json is not a JSON object")
     return cfg
@@ -170,62 +224,144 @@ def cache_bytes(layers: list[LayerCache], tokens: int) -> int:
     return sum(layer.bytes_at(tokens) for layer in layers)
 
 
-def _int(cfg: dict[str, Any], key: str, default: Optional[int] = None) -> int:
-    value = cfg.get(key, default)
-    if value is None:
-        raise CheckpointError(f"config.json has no {key}")
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise CheckpointError(f"config.json: {key} is not a number ({value!r:.40})") from None
+# What config.json may state, as (lowest, highest): far wider than any published model, so a value
+# outside is a broken or hostile file (10**18 layers would size a list that long, 0 heads divides by 0).
+LIMITS = {
+    "num_hidden_layers": (1, 10_000),
+    "hidden_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1 << 16),
+    "num_key_value_heads": (1, 1 << 16),
+    "head_dim": (1, 1 << 16),
+    "global_head_dim": (1, 1 << 16),
+    "num_global_key_value_heads": (1, 1 << 16),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 32),
+    "sliding_window": (1, 1 << 32),
+    "num_kv_shared_layers": (0, 10_000),
+    "full_attention_interval": (1, 10_000),
+    "linear_num_key_heads": (1, 1 << 16),
+    "linear_num_value_heads": (1, 1 << 16),
+    "linear_key_head_dim": (1, 1 << 16),
+    "linear_value_head_dim": (1, 1 << 16),
+    "linear_conv_kernel_dim": (1, 1 << 10),
+    "intermediate_size": (1, 1 << 24),
+    "block_size": (1, 1 << 16),
+}
+_REQUIRED = object()
 
 
-def layer_kinds(cfg: dict[str, Any]) -> list[str]:
+def _shown(value: Any) -> str:
+    """A config value as JSON writes it, short."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return f"{json.dumps(value[:40])} (a string)"
+    if isinstance(value, (list, dict)):
+        return "a list" if isinstance(value, list) else "an object"
+    return _short(value, 40)
+
+
+class ConfigReader:
+    """Reads counts and sizes from a config dict, checked: a whole number (not a string, a fraction,
+    null or true) within LIMITS. Every problem is kept, and a safe stand-in returned in its place so
+    the reading goes on: `problems` then names each key that is wrong."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+        self.problems: list[str] = []
+
+    def int(self, key: str, default: Any = _REQUIRED, unset: tuple = ()) -> Any:
+        """`default` when the key is absent or its value is in `unset` (None, 0: what the models read
+        as "not given"); a missing key without a default is a problem."""
+        lo, hi = LIMITS.get(key, (1, 1 << 32))
+        value = self.cfg.get(key)
+        if key not in self.cfg or (value is None and None in unset) or (_whole(value) and value == 0 and 0 in unset):
+            if default is _REQUIRED:
+                return self.note(f"no {key}", lo)
+            return default
+        if not _whole(value):
+            return self.note(f"{key} is {_shown(value)}, not a whole number", lo)
+        if not lo <= value <= hi:
+            return self.note(f"{key} is {_short(value, 40)}, out of range ({lo} to {hi})", lo)
+        return value
+
+    def note(self, problem: str, stand_in: int) -> int:
+        if problem not in self.problems:
+            self.problems.append(problem)
+        return stand_in
+
+    def check(self) -> None:
+        if self.problems:
+            raise CheckpointError("config.json: " + "; ".join(self.problems))
+
+
+def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, unset: tuple = ()) -> int:
+    """One checked count or size (CheckpointError naming the key)."""
+    reader = ConfigReader(cfg)
+    value = reader.int(key, default, unset)
+    reader.check()
+    return value
+
+
+def layer_kinds(cfg: dict[str, Any], reader: Optional[ConfigReader] = None) -> list[str]:
     """Per layer: "attention", "sliding" or "linear", as mlx-lm builds the model."""
-    n = _int(cfg, "num_hidden_layers")
+    r = reader or ConfigReader(cfg)
+    n = r.int("num_hidden_layers")
     types = cfg.get("layer_types")
     if isinstance(types, list) and len(types) == n:
         names = {"linear_attention": "linear", "sliding_attention": "sliding"}
         kinds = [names.get(str(t), "attention") for t in types]
     elif "full_attention_interval" in cfg or "linear_num_value_heads" in cfg:
         # Qwen3.5 / Qwen3-Next: every interval-th layer is full attention, the rest Gated DeltaNet
-        interval = _int(cfg, "full_attention_interval", 4)
+        interval = r.int("full_attention_interval", 4)
         kinds = ["attention" if (i + 1) % interval == 0 else "linear" for i in range(n)]
     else:
         kinds = ["attention"] * n
-    shared = int(cfg.get("num_kv_shared_layers") or 0)  # Gemma 4: the last layers reuse earlier KV
+    shared = r.int("num_kv_shared_layers", 0, unset=(None,))  # Gemma 4: the last layers reuse earlier KV
+    if reader is None:
+        r.check()
     return [("shared" if i >= n - shared > 0 else k) for i, k in enumerate(kinds)]
 
 
-def target_cache_layers(cfg: dict[str, Any], act_bytes: int) -> list[LayerCache]:
+def target_cache_layers(cfg: dict[str, Any], act_bytes: int, reader: Optional[ConfigReader] = None) -> list[LayerCache]:
     text = text_config(cfg)
-    heads = _int(text, "num_attention_heads")
-    hidden = _int(text, "hidden_size")
-    head_dim = int(text.get("head_dim") or hidden // heads)
-    kv_heads = _int(text, "num_key_value_heads", heads)
-    window = text.get("sliding_window")
+    r = reader or ConfigReader(text)
+    heads = r.int("num_attention_heads")
+    hidden = r.int("hidden_size")
+    head_dim = r.int("head_dim", None, unset=(None, 0))
+    if head_dim is None:  # mlx-lm's rule where a config gives none
+        head_dim = hidden // heads
+        if head_dim < 1:
+            r.note(f"hidden_size {hidden} over num_attention_heads {heads} leaves no head size", 1)
+            head_dim = 1
+    kv_heads = r.int("num_key_value_heads", heads)
+    if heads % kv_heads:
+        r.note(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}", 1)
     out = []
-    for kind in layer_kinds(text):
+    for kind in layer_kinds(text, r):
         if kind == "linear":
-            out.append(LayerCache("linear", 0, fixed=_linear_state_bytes(text, act_bytes)))
+            out.append(LayerCache("linear", 0, fixed=_linear_state_bytes(text, act_bytes, r)))
         elif kind == "shared":
             out.append(LayerCache("shared", 0))
         elif kind == "sliding":
-            out.append(LayerCache("sliding", 2 * kv_heads * head_dim * act_bytes, window=int(window) if window else None))
+            window = r.int("sliding_window", None, unset=(None, 0))
+            out.append(LayerCache("sliding", 2 * kv_heads * head_dim * act_bytes, window=window))
         else:
             # Gemma 4 gives its full-attention layers their own head size and count
-            d = int(text.get("global_head_dim") or head_dim) if "global_head_dim" in text else head_dim
-            h = int(text.get("num_global_key_value_heads") or kv_heads)
+            d = r.int("global_head_dim", head_dim, unset=(None, 0))
+            h = r.int("num_global_key_value_heads", kv_heads, unset=(None, 0))
             out.append(LayerCache("attention", 2 * h * d * act_bytes))
+    if reader is None:
+        r.check()
     return out
 
 
-def _linear_state_bytes(text: dict[str, Any], act_bytes: int) -> int:
+def _linear_state_bytes(text: dict[str, Any], act_bytes: int, r: ConfigReader) -> int:
     """A Gated DeltaNet layer's state: the conv state (kernel - 1 rows of q, k and v, in the
     activation dtype) and the recurrent state (value heads x value dim x key dim, float32)."""
-    k_heads, v_heads = _int(text, "linear_num_key_heads"), _int(text, "linear_num_value_heads")
-    k_dim, v_dim = _int(text, "linear_key_head_dim"), _int(text, "linear_value_head_dim")
-    conv = (_int(text, "linear_conv_kernel_dim", 4) - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * act_bytes
+    k_heads, v_heads = r.int("linear_num_key_heads"), r.int("linear_num_value_heads")
+    k_dim, v_dim = r.int("linear_key_head_dim"), r.int("linear_value_head_dim")
+    conv = (r.int("linear_conv_kernel_dim", 4) - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * act_bytes
     return conv + v_heads * v_dim * k_dim * STATE_BYTES
 
 
@@ -312,10 +448,19 @@ def _loaded_bytes(cfg: dict[str, Any], tensors: list[Tensor]) -> int:
 
 def target_facts(folder: Path) -> TargetFacts:
     cfg = read_config(folder)
-    tensors = read_weights(folder, "model*.safetensors")
     text = text_config(cfg)
+    # every count and size the facts read, checked before the weights' headers are
+    r = ConfigReader(text)
+    hidden, layers = r.int("hidden_size"), r.int("num_hidden_layers")
+    stated_vocab = r.int("vocab_size", None)  # mlx-lm sizes the embedding from it; its rows are the figure
+    context = r.int("max_position_embeddings", 0, unset=(None,))  # 0: not stated
+    target_cache_layers(cfg, 2, r)
+    r.check()
+    tensors = read_weights(folder, "model*.safetensors")
     embed = next((t for t in tensors if t.name.endswith("embed_tokens.weight")), None)
-    vocab = embed.shape[0] if embed is not None and embed.shape else _int(text, "vocab_size")
+    vocab = embed.shape[0] if embed is not None and embed.shape else stated_vocab
+    if vocab is None:
+        raise CheckpointError("config.json: no vocab_size, and no embed_tokens weight to count")
     act = _activation_dtype(tensors)
     cache = target_cache_layers(cfg, DTYPE_BYTES.get(act, 2))
     kinds: dict[str, int] = {}
@@ -323,10 +468,10 @@ def target_facts(folder: Path) -> TargetFacts:
         kinds[layer.kind] = kinds.get(layer.kind, 0) + 1
     return TargetFacts(
         model_type=str(cfg.get("model_type", "?")),
-        hidden_size=_int(text, "hidden_size"),
-        num_layers=_int(text, "num_hidden_layers"),
+        hidden_size=hidden,
+        num_layers=layers,
         vocab_size=vocab,
-        context=_int(text, "max_position_embeddings", 0),
+        context=context,
         kinds=kinds,
         quantization=_quantization(cfg),
         activation_dtype=act,
@@ -355,9 +500,31 @@ def draft_facts(folder: Path) -> DraftFacts:
     archs = raw.get("architectures") or []
     if not isinstance(archs, list) or (not any("DFlash" in str(a) for a in archs) and "dflash_config" not in raw):
         raise DraftLoadError(f"not a DFlash draft checkpoint (architectures={archs!r:.80})")
+    _draft_bounds(raw)
     cfg = DraftConfig.from_dict(raw)
     # load_draft drops a copy of the target's embedding or head some exports carry
     own = [t for t in read_weights(folder, "*.safetensors")
            if not t.name.removeprefix("model.").startswith(("embed_tokens.", "lm_head."))]
     params = sum(t.elements for t in own)
     return DraftFacts(cfg, params, params * DRAFT_BYTES)
+
+
+_DRAFT_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "intermediate_size", "vocab_size", "block_size", "max_position_embeddings")
+
+
+def _draft_bounds(raw: dict[str, Any]) -> None:
+    """The draft's counts and sizes within LIMITS, read as DraftConfig reads them (it makes a list as
+    long as its layers: 10**18 of them would never end); what it refuses itself is left to it."""
+    dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    problems = []
+    for key in _DRAFT_SIZES:
+        value = dflash.get(key, raw.get(key)) if key == "block_size" else raw.get(key)
+        try:
+            n = int(value)
+        except (TypeError, ValueError, OverflowError):
+            continue
+        if n > LIMITS[key][1]:
+            problems.append(f"{key} is {_short(value, 40)}, out of range (at most {LIMITS[key][1]})")
+    if problems:
+        raise CheckpointError("draft config.json: " + "; ".join(problems))

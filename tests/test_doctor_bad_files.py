@@ -1,0 +1,222 @@
+"""`dflash-tui doctor` on broken copies of a tiny real-format pair: a config.json count or size of the
+wrong type or out of range, a safetensors header whose shapes do not match its bytes, a context of 0,
+and --tokens past the model's context. Each is a FAIL naming the key or tensor (exit 1) where the
+real loader then fails, never "everything fits" and never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+
+import pytest
+
+from dflash_tui.cli import main
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("doctor opened a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def doctor(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["doctor", *args])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def copy_with(src, dst, **changes):
+    """A copy of a model directory whose config.json has `changes` (None writes null; ... drops the key)."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if value is ...:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def fail_line(out: str, check: str) -> str:
+    lines = [line for line in out.splitlines() if line.split()[:1] == ["FAIL"] and f"  {check}  " in line]
+    assert lines, out
+    return lines[0]
+
+
+def loader_fails(path) -> bool:
+    import mlx_lm
+
+    try:
+        mlx_lm.load(str(path))
+    except Exception:
+        return True
+    return False
+
+
+# (config.json change, what the FAIL line says, whether mlx_lm.load is tried: never on 10**18 layers)
+BAD_CONFIGS = [
+    ({"num_hidden_layers": 10**18}, "num_hidden_layers is 1000000000000000000, out of range (1 to 10000)", False),
+    ({"num_hidden_layers": -1}, "num_hidden_layers is -1, out of range", True),
+    ({"hidden_size": "64"}, 'hidden_size is "64" (a string), not a whole number', True),
+    ({"hidden_size": 64.0}, "hidden_size is 64.0, not a whole number", True),
+    ({"vocab_size": None}, "vocab_size is null, not a whole number", True),
+    ({"num_attention_heads": 0}, "num_attention_heads is 0, out of range", True),
+    ({"num_key_value_heads": True}, "num_key_value_heads is true, not a whole number", False),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3", False),
+    ({"max_position_embeddings": 0}, "max_position_embeddings is 0, out of range", False),
+    ({"max_position_embeddings": -4096}, "max_position_embeddings is -4096, out of range", False),
+    ({"max_position_embeddings": 1.5}, "max_position_embeddings is 1.5, not a whole number", False),
+]
+
+
+@pytest.mark.parametrize("changes, says, load", BAD_CONFIGS, ids=[next(iter(c[0])) + "=" + repr(next(iter(c[0].values())))[:12]
+                                                                   for c in BAD_CONFIGS])
+def test_a_bad_count_or_size_in_config_json_is_a_fail_naming_the_key(tmp_path, qwen3_dirs, capsys, changes, says, load):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target", **changes)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    assert rc == 1 and not err, out + err
+    assert says in fail_line(out, "target files")
+    assert out.rstrip().endswith("verdict: does not work: target files")
+    assert "memory at" not in out and "everything fits" not in out  # no figures from a config that is wrong
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]), "--json")
+    report = json.loads(out)
+    assert rc == 1 and report["ok"] is False
+    assert any(c["ok"] is False and says in c["detail"] for c in report["checks"])
+    if load:  # what doctor fails, the real loader fails too
+        assert loader_fails(target)
+
+
+def test_every_bad_key_is_named_at_once(tmp_path, qwen3_dirs, capsys):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target", hidden_size="64", vocab_size=None, num_hidden_layers=0)
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    line = fail_line(out, "target files")
+    assert rc == 1 and all(k in line for k in ("hidden_size", "vocab_size", "num_hidden_layers")), line
+
+
+def test_a_draft_with_a_count_out_of_range_is_a_fail_not_a_hang(tmp_path, qwen3_dirs, capsys):
+    # DraftConfig makes a list as long as its layers when layer_types is empty
+    draft = copy_with(qwen3_dirs["draft"], tmp_path / "draft", num_hidden_layers=10**18, layer_types=[])
+    rc, out, _ = doctor(capsys, "--model", str(qwen3_dirs["target"]), "--draft", str(draft))
+    assert rc == 1
+    assert "num_hidden_layers is 1000000000000000000, out of range" in fail_line(out, "draft config")
+    draft = copy_with(qwen3_dirs["draft"], tmp_path / "draft2", block_size=10**12)
+    rc, out, _ = doctor(capsys, "--model", str(qwen3_dirs["target"]), "--draft", str(draft))
+    assert rc == 1 and "block_size is 1000000000000, out of range" in fail_line(out, "draft config")
+
+
+def deep_config(target) -> str:
+    (target / "config.json").write_text("[" * 100_000)  # json.loads raises RecursionError
+    return "config.json is not valid JSON: nested too deep"
+
+
+def fifo_config(target) -> str:
+    (target / "config.json").unlink()
+    os.mkfifo(target / "config.json")  # reading it would wait for a writer forever
+    return "config.json is not a regular file"
+
+
+def fifo_weights(target) -> str:
+    (target / "model.safetensors").unlink()
+    os.mkfifo(target / "model.safetensors")
+    return "model.safetensors is not a regular file"
+
+
+@pytest.fixture
+def deadline():
+    """A test that would hang (a read of a fifo) fails after 60 s instead."""
+    def expire(signum, frame):
+        raise TimeoutError("doctor hung")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize("spoil", [deep_config, fifo_config, fifo_weights])
+def test_files_that_would_crash_or_hang_the_reading_are_a_fail(tmp_path, qwen3_dirs, capsys, deadline, spoil):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target")
+    says = spoil(target)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    assert rc == 1 and not err, out + err
+    assert fail_line(out, "target files").endswith(says)
+
+
+def rewrite_header(path, edit) -> None:
+    """Rewrite a safetensors file's header JSON through `edit`, its data bytes left as they are."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    new = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+
+
+def first_tensor(header: dict) -> str:
+    return min((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+
+
+def test_a_tensor_whose_shape_does_not_match_its_bytes_is_a_fail_naming_it(tmp_path, qwen3_dirs, capsys):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target")
+    shard = target / "model.safetensors"
+    named = []
+
+    def huge(header):  # shape 10**15 x 10**15, its data_offsets still spanning the few bytes it had
+        name = first_tensor(header)
+        named.append(name)
+        header[name]["shape"] = [10**15, 10**15]
+
+    rewrite_header(shard, huge)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    line = fail_line(out, "target files")
+    assert rc == 1 and not err, out + err
+    assert f"model.safetensors: tensor {named[0]!r}" in line and "[1000000000000000, 1000000000000000]" in line
+    assert "data_offsets" in line and out.rstrip().endswith("does not work: target files")
+    assert loader_fails(target)
+
+
+def test_a_tensor_past_the_end_of_its_file_is_a_fail(tmp_path, qwen3_dirs, capsys):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target")
+    shard = target / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1])  # the last tensor's bytes cut short, the header unchanged
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    assert rc == 1 and "run past the end of the file" in fail_line(out, "target files")
+    assert loader_fails(target)
+
+
+def test_a_draft_tensor_whose_shape_does_not_match_its_bytes_is_a_fail(tmp_path, qwen3_dirs, capsys):
+    draft = copy_with(qwen3_dirs["draft"], tmp_path / "draft")
+    (weights,) = draft.glob("*.safetensors")
+    rewrite_header(weights, lambda h: h[first_tensor(h)]["shape"].insert(0, 2))  # twice the elements
+    rc, out, _ = doctor(capsys, "--model", str(qwen3_dirs["target"]), "--draft", str(draft))
+    line = fail_line(out, "draft config")
+    assert rc == 1 and f"{weights.name}: tensor" in line and "but its data_offsets" in line
+
+
+def test_a_context_not_stated_is_not_shown_as_some_other_figure(tmp_path, qwen3_dirs, capsys, monkeypatch):
+    # (mlx-lm's qwen3 needs max_position_embeddings; other architectures default it: the memory
+    # figures are then for --tokens alone, and nothing claims a context the config does not give)
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target", max_position_embeddings=...)
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]), "--tokens", "512")
+    assert "context not stated in config.json" in out and "context 0" not in out
+    assert "at the model's context" not in out and "the whole context fits" not in out
+    assert "512 tokens of context fit" in out
+
+
+def test_tokens_beyond_the_models_context_is_a_usage_error(qwen3_dirs, capsys):
+    pair = ["--model", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"])]
+    for extra in ([], ["--json"]):
+        rc, out, err = doctor(capsys, *pair, "--tokens", "99999999999999", *extra)
+        assert rc == 2 and not out, out
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "--tokens 99999999999999 is beyond the model's context (32768 tokens)" in lines[0]
+    rc, out, _ = doctor(capsys, *pair, "--tokens", "32768")  # the whole context itself is fine
+    assert rc == 0 and "memory at 32768 tokens" in out and "the whole context fits" in out
