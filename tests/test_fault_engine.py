@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -132,10 +133,16 @@ def test_a_truncated_draft_is_one_line(qwen3_dirs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, needle", [
-    ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": []}}, "target_layer_ids (empty)"),
+    ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": []}}, "target_layer_ids is empty"),
     ({"num_attention_heads": 0}, "num_attention_heads"),
     ({"hidden_size": -4}, "hidden_size"),
-], ids=["no-target-layers", "no-heads", "negative-size"])
+    ({"num_hidden_layers": 10**18}, "num_hidden_layers is 1000000000000000000, out of range (1 to 10000)"),
+    ({"hidden_size": "64"}, 'hidden_size is "64" (a string), not a whole number'),
+    ({"dflash_config": {"mask_token_id": 3, "target_layer_ids": "135", "block_size": 0}},
+     'block_size is 0, out of range (1 to 65536); target_layer_ids is "135" (a string), not a list of layer numbers'),
+    ({"dflash_config": "x"}, "dflash_config must be an object"),
+], ids=["no-target-layers", "no-heads", "negative-size", "10**18-layers", "string-size", "zero-block-string-ids",
+        "config-not-an-object"])
 def test_odd_draft_configs_are_one_clear_error(qwen3_dirs, tmp_path, change, needle):
     from dflash_tui.engine.draft import DraftLoadError, load_draft
 
@@ -143,7 +150,7 @@ def test_odd_draft_configs_are_one_clear_error(qwen3_dirs, tmp_path, change, nee
     cfg = json.loads((bad / "config.json").read_text())
     cfg.update(change)
     (bad / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(DraftLoadError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(DraftLoadError, match=re.escape(needle)):
         load_draft(str(bad))
 
 

@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache
 
 from dflash_tui.engine.checkpoint import SHARD_BYTES, save_sharded
+from dflash_tui.engine.config_values import ConfigReader, is_whole, shown
 from dflash_tui.engine.cuda_kernels import block_attention, block_attention_fits, kernels_wanted
 from dflash_tui.engine.draft2 import CandidateSelector, GroupedDynamicConv
 from dflash_tui.engine.draft_rope import DraftRoPE, RopeConfigError, standard_rope
@@ -85,23 +86,37 @@ class DraftConfig:
     def from_dict(cls, cfg: dict[str, Any]) -> "DraftConfig":
         """Read a z-lab `config.json` the way the torch reference's `Qwen3Config` reads it."""
         dcfg = cfg.get("dflash_config") or {}
+        if not isinstance(dcfg, dict):
+            raise DraftLoadError("draft config.json: dflash_config must be an object")
 
         def draft_value(name: str, default: Any = None) -> Any:
             # the reference's `_draft_value`: dflash_config first, then the top level
             return dcfg.get(name, cfg.get(name, default))
 
+        # every count and size a whole number within bounds, first: 10**18 layers would build a list that long
+        r = ConfigReader(cfg, "draft config.json")
+        n_layers, heads, hidden = r.int("num_hidden_layers"), r.int("num_attention_heads"), r.int("hidden_size")
+        head_dim, kv_heads = r.int("head_dim", None, (None, 0)), r.int("num_key_value_heads", None, (None, 0))
+        inter, vocab, window = r.int("intermediate_size"), r.int("vocab_size"), r.int("sliding_window", None, (None,))
+        max_pos = r.int("max_position_embeddings", 32768, (None, 0))  # Qwen3Config's default
+        window_from, n_target = r.int("max_window_layers", 28), r.int("num_target_layers", None, (None,))
+        own = ConfigReader({**cfg, **dcfg}, "draft config.json")
+        own.problems = r.problems  # one list: every bad key named at once
+        block, mask = own.int("block_size", 16, (None,)), own.int("mask_token_id")
+        ids = draft_value("target_layer_ids")
+        if ids == []:
+            r.note("target_layer_ids is empty", 0)
+        elif not (isinstance(ids, list) and all(is_whole(i) and 0 <= i < 10_000 for i in ids)):
+            r.note(f"target_layer_ids is {shown(ids)}, not a list of layer numbers", 0)
+        if r.problems:
+            raise DraftLoadError(f"draft config.json: {'; '.join(r.problems)}")
         try:
-            n_layers = int(cfg["num_hidden_layers"])
-            heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
             theta, scaling = standard_rope(cfg)
-            max_pos = int(cfg.get("max_position_embeddings") or 32768)  # Qwen3Config's default
-            DraftRoPE(int(cfg.get("head_dim") or hidden // heads), theta, scaling, max_pos)  # refuses what it cannot run
-            window = cfg.get("sliding_window")
+            DraftRoPE(head_dim or hidden // heads, theta, scaling, max_pos)  # refuses what it cannot run
             # without layer_types, Qwen3Config's rule: sliding from max_window_layers on, if use_sliding_window
             # (it also drops the window without use_sliding_window, and then its cache cannot be built for
             # sliding layers: the MLX reference keeps the window, and so do we)
-            sliding_from = int(cfg.get("max_window_layers", 28)) if cfg.get("use_sliding_window") and window else n_layers
+            sliding_from = window_from if cfg.get("use_sliding_window") and window else n_layers
             types = cfg.get("layer_types") or [
                 "sliding_attention" if i >= sliding_from else "full_attention" for i in range(n_layers)
             ]
@@ -112,25 +127,24 @@ class DraftConfig:
                 raise DraftLoadError("a DFlash2 draft needs dflash_config conv_kernel_size, conv_group_size "
                                      f"(dividing hidden_size), selector_rank and selector_top_k > 0, not {conv}")
             causal = cfg.get("is_causal")
-            n_target = cfg.get("num_target_layers")
             out = cls(
                 hidden_size=hidden,
                 num_hidden_layers=n_layers,
                 num_attention_heads=heads,
-                num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                intermediate_size=int(cfg["intermediate_size"]),
-                vocab_size=int(cfg["vocab_size"]),
-                block_size=int(draft_value("block_size") or 16),
-                mask_token_id=int(draft_value("mask_token_id")),
-                target_layer_ids=[int(i) for i in draft_value("target_layer_ids")],
-                num_target_layers=int(n_target) if n_target is not None else None,
+                num_key_value_heads=kv_heads or heads,
+                head_dim=head_dim or hidden // heads,
+                intermediate_size=inter,
+                vocab_size=vocab,
+                block_size=block,
+                mask_token_id=mask,
+                target_layer_ids=list(ids),
+                num_target_layers=n_target,
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling=scaling,
                 max_position_embeddings=max_pos,
                 layer_types=[str(t) for t in types],
-                sliding_window=int(window) if window is not None else None,
+                sliding_window=window,
                 attention_bias=bool(cfg.get("attention_bias", False)),
                 is_causal=bool(causal) if causal is not None else None,
                 input_embedding_scale=float(draft_value("input_embedding_scale", 1.0)),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from dflash_tui.engine.config_values import REQUIRED, ConfigReader, is_whole, shorten
 from dflash_tui.engine.draft import DraftConfig, DraftLoadError
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
@@ -138,10 +139,6 @@ def _regular(path: Path, limit: Optional[int]) -> None:
         raise CheckpointError(f"{path.name} is {human_bytes(st.st_size)}, more than a config holds")
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _tensor(file: str, name: str, info: Any, data: int) -> Tensor:
     """One header entry, checked: a known dtype, a shape of whole numbers, data_offsets spanning
     exactly shape x dtype size, within the file's data."""
@@ -151,25 +148,20 @@ def _tensor(file: str, name: str, info: Any, data: int) -> Tensor:
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise CheckpointError(f"{where} has an unknown dtype ({dtype!r:.40})")
-    if not isinstance(shape, list) or not all(_whole(d) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(is_whole(d) and d >= 0 for d in shape):
         raise CheckpointError(f"{where} has a malformed shape ({shape!r:.80})")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_whole(o) for o in offsets)
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_whole(o) for o in offsets)
             and 0 <= offsets[0] <= offsets[1]):
         raise CheckpointError(f"{where} has malformed data_offsets ({offsets!r:.80})")
     t = Tensor(name, dtype, shape, offsets[1] - offsets[0])
     want = t.elements * DTYPE_BYTES[dtype]
     if t.nbytes != want:
-        raise CheckpointError(f"{where}: {dtype} of shape {_short(shape)} takes {_short(want)} bytes, "
-                              f"but its data_offsets {_short(offsets)} span {_short(t.nbytes)}")
+        raise CheckpointError(f"{where}: {dtype} of shape {shorten(shape)} takes {shorten(want)} bytes, "
+                              f"but its data_offsets {shorten(offsets)} span {shorten(t.nbytes)}")
     if offsets[1] > data:
-        raise CheckpointError(f"{where}: its data_offsets {_short(offsets)} run past the end of the file "
+        raise CheckpointError(f"{where}: its data_offsets {shorten(offsets)} run past the end of the file "
                               f"({data} bytes of data)")
     return t
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_weights(folder: Path, pattern: str) -> list[Tensor]:
@@ -195,7 +187,7 @@ def read_config(folder: Path) -> dict[str, Any]:
     except RecursionError:
         raise CheckpointError("config.json is not valid JSON: nested too deep") from None
     except ValueError as exc:  # UnicodeDecodeError included
-        raise CheckpointError(f"config.json is not valid JSON: {_short(exc)}") from None
+        raise CheckpointError(f"config.json is not valid JSON: {shorten(exc)}") from None
     if not isinstance(cfg, dict):
         raise CheckpointError("config.json is not a JSON object")
     return cfg
@@ -226,76 +218,8 @@ def cache_bytes(layers: list[LayerCache], tokens: int) -> int:
 
 # What config.json may state, as (lowest, highest): far wider than any published model, so a value
 # outside is a broken or hostile file (10**18 layers would size a list that long, 0 heads divides by 0).
-LIMITS = {
-    "num_hidden_layers": (1, 10_000),
-    "hidden_size": (1, 1 << 20),
-    "num_attention_heads": (1, 1 << 16),
-    "num_key_value_heads": (1, 1 << 16),
-    "head_dim": (1, 1 << 16),
-    "global_head_dim": (1, 1 << 16),
-    "num_global_key_value_heads": (1, 1 << 16),
-    "vocab_size": (1, 1 << 24),
-    "max_position_embeddings": (1, 1 << 32),
-    "sliding_window": (1, 1 << 32),
-    "num_kv_shared_layers": (0, 10_000),
-    "full_attention_interval": (1, 10_000),
-    "linear_num_key_heads": (1, 1 << 16),
-    "linear_num_value_heads": (1, 1 << 16),
-    "linear_key_head_dim": (1, 1 << 16),
-    "linear_value_head_dim": (1, 1 << 16),
-    "linear_conv_kernel_dim": (1, 1 << 10),
-    "intermediate_size": (1, 1 << 24),
-    "block_size": (1, 1 << 16),
-}
-_REQUIRED = object()
 
-
-def _shown(value: Any) -> str:
-    """A config value as JSON writes it, short."""
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, str):
-        return f"{json.dumps(value[:40])} (a string)"
-    if isinstance(value, (list, dict)):
-        return "a list" if isinstance(value, list) else "an object"
-    return _short(value, 40)
-
-
-class ConfigReader:
-    """Reads counts and sizes from a config dict, checked: a whole number (not a string, a fraction,
-    null or true) within LIMITS. Every problem is kept, and a safe stand-in returned in its place so
-    the reading goes on: `problems` then names each key that is wrong."""
-
-    def __init__(self, cfg: dict[str, Any]):
-        self.cfg = cfg
-        self.problems: list[str] = []
-
-    def int(self, key: str, default: Any = _REQUIRED, unset: tuple = ()) -> Any:
-        """`default` when the key is absent or its value is in `unset` (None, 0: what the models read
-        as "not given"); a missing key without a default is a problem."""
-        lo, hi = LIMITS.get(key, (1, 1 << 32))
-        value = self.cfg.get(key)
-        if key not in self.cfg or (value is None and None in unset) or (_whole(value) and value == 0 and 0 in unset):
-            if default is _REQUIRED:
-                return self.note(f"no {key}", lo)
-            return default
-        if not _whole(value):
-            return self.note(f"{key} is {_shown(value)}, not a whole number", lo)
-        if not lo <= value <= hi:
-            return self.note(f"{key} is {_short(value, 40)}, out of range ({lo} to {hi})", lo)
-        return value
-
-    def note(self, problem: str, stand_in: int) -> int:
-        if problem not in self.problems:
-            self.problems.append(problem)
-        return stand_in
-
-    def check(self) -> None:
-        if self.problems:
-            raise CheckpointError("config.json: " + "; ".join(self.problems))
-
-
-def _int(cfg: dict[str, Any], key: str, default: Any = _REQUIRED, unset: tuple = ()) -> int:
+def _int(cfg: dict[str, Any], key: str, default: Any = REQUIRED, unset: tuple = ()) -> int:
     """One checked count or size (CheckpointError naming the key)."""
     reader = ConfigReader(cfg)
     value = reader.int(key, default, unset)
@@ -500,31 +424,9 @@ def draft_facts(folder: Path) -> DraftFacts:
     archs = raw.get("architectures") or []
     if not isinstance(archs, list) or (not any("DFlash" in str(a) for a in archs) and "dflash_config" not in raw):
         raise DraftLoadError(f"not a DFlash draft checkpoint (architectures={archs!r:.80})")
-    _draft_bounds(raw)
     cfg = DraftConfig.from_dict(raw)
     # load_draft drops a copy of the target's embedding or head some exports carry
     own = [t for t in read_weights(folder, "*.safetensors")
            if not t.name.removeprefix("model.").startswith(("embed_tokens.", "lm_head."))]
     params = sum(t.elements for t in own)
     return DraftFacts(cfg, params, params * DRAFT_BYTES)
-
-
-_DRAFT_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "intermediate_size", "vocab_size", "block_size", "max_position_embeddings")
-
-
-def _draft_bounds(raw: dict[str, Any]) -> None:
-    """The draft's counts and sizes within LIMITS, read as DraftConfig reads them (it makes a list as
-    long as its layers: 10**18 of them would never end); what it refuses itself is left to it."""
-    dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
-    problems = []
-    for key in _DRAFT_SIZES:
-        value = dflash.get(key, raw.get(key)) if key == "block_size" else raw.get(key)
-        try:
-            n = int(value)
-        except (TypeError, ValueError, OverflowError):
-            continue
-        if n > LIMITS[key][1]:
-            problems.append(f"{key} is {_short(value, 40)}, out of range (at most {LIMITS[key][1]})")
-    if problems:
-        raise CheckpointError("draft config.json: " + "; ".join(problems))
