@@ -74,6 +74,15 @@ def atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading it sets it: put it back at once (done once, at import)
+    os.umask(mask)
+    return mask
+
+
+_NEW_FILE_MODE = 0o666 & ~_umask()
+
+
 def write_new_file(path: Path, payload: bytes) -> None:
     """Write a file that does not exist yet into a folder that does; Refused otherwise. Never creates a
     folder, never replaces a file, never leaves half a file."""
@@ -85,6 +94,7 @@ def write_new_file(path: Path, payload: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=TEMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fd, _NEW_FILE_MODE)  # a file asked for, made as the shell's `>` makes one (mkstemp's is 0600)
             fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
@@ -104,7 +114,7 @@ def _link_new(tmp: str, path: Path, payload: bytes) -> None:
     except OSError:
         pass  # no hard links on this file system: create the name exclusively and write it there
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), _NEW_FILE_MODE)
     except FileExistsError:
         raise Refused(f"already exists: {path}") from None
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -366,6 +367,12 @@ def test_cli_sessions_list_show_export_delete(tmp_path):
     assert json.loads(r.stdout)["id"] == s.id
     r = _cli("sessions", "export", s.id, "-f", "md", "-o", str(tmp_path / "out.md"), env_dir=tmp_path / "data")
     assert r.returncode == 0 and "\n# question 0\n" in (tmp_path / "out.md").read_text()
+    # a file asked for gets the mode the shell's `>` would give it under the user's umask, not mkstemp's 0600
+    env = dict(os.environ, DFLASH_TUI_DATA_DIR=str(tmp_path / "data"), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "dflash_tui", "sessions", "export", s.id, "-o", str(tmp_path / "o2.md")],
+                       capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=60,
+                       preexec_fn=lambda: os.umask(0o027))
+    assert r.returncode == 0 and stat.S_IMODE((tmp_path / "o2.md").stat().st_mode) == 0o640
     r = _cli("sessions", "delete", s.id, env_dir=tmp_path / "data")
     assert r.returncode == 1 and "--yes" in r.stderr and store.path_for(s.id).exists()
     r = _cli("sessions", "delete", s.id, "--yes", env_dir=tmp_path / "data")
