@@ -514,6 +514,39 @@ async def test_an_unwritable_data_dir_is_reported_and_the_chat_goes_on(qwen3_dir
         assert len(app.session.messages) == 4
 
 
+async def test_a_conversation_that_could_not_be_saved_is_never_left_without_asking(qwen3_dirs, tmp_path, monkeypatch):
+    from dflash_tui.ui.sessions_screen import ConfirmScreen
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the data folder should be: every save fails, for real\n")
+    monkeypatch.setenv("DFLASH_TUI_DATA_DIR", str(blocker))
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 4
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "keep me")
+        await finish_turn(pilot, app)
+        assert any("could not save the session" in n.message for n in app._notifications)
+        for key in ("ctrl+n", "ctrl+q"):
+            await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+            assert "This conversation is not saved" in str(app.screen.query_one("Static").render())
+            await pilot.press("n")  # stay
+            await pilot.pause()
+            assert not isinstance(app.screen, ConfirmScreen) and app.is_running
+            assert [m.content for m in app.session.messages][:1] == ["keep me"] and app.chat.query(UserMessage)
+        app.export_conversation(str(tmp_path / "kept.md"))  # the way out the question names
+        assert "keep me" in (tmp_path / "kept.md").read_text()
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+        await pilot.press("y")  # leave it: a new conversation
+        await wait_for(pilot, lambda: not app.chat.query(UserMessage), 5, "the new conversation")
+        assert app.session is None
+        await pilot.press("ctrl+n")  # nothing unsaved now: no question
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmScreen)
+
+
 async def test_palette_lists_the_app_commands(qwen3_dirs):
     from textual.command import CommandPalette
 

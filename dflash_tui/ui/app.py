@@ -30,6 +30,7 @@ from dflash_tui.ui.pair_loading import PairLoading
 from dflash_tui.ui.paste_parser import read_pastes_whole
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
+from dflash_tui.ui.leaving import SessionSaving
 from dflash_tui.ui.themes import ThemeKeeping
 from dflash_tui.ui.turns import TurnStreaming
 from dflash_tui.ui.worker import EngineWorker, NewConversation, Restore, SetSystem
@@ -39,7 +40,7 @@ _SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top
                    "block_size": "block size", "max_tokens": "max tokens"}
 
 
-class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify, App[None]):
+class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeeping, PlainNotify, App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -289,10 +290,13 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
         last.remove()
         self.start_turn(None)
 
-    async def action_new_chat(self) -> None:
+    def action_new_chat(self) -> None:
         if self.generating:
             self.notify("A reply is streaming; press Esc to stop it first", severity="warning")
             return
+        self.leave_conversation(lambda: self.call_later(self._new_chat))
+
+    async def _new_chat(self) -> None:
         await self.chat.clear()
         self.engine.submit(NewConversation(self.system_prompt or None))
         self.acceptance.reset(self.acceptance_mode())
@@ -310,9 +314,9 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             if not choice:
                 return
             if self.remote is None and is_url(choice[0]):  # a server: the engine moves there
-                self.call_later(switch_to_remote, self, choice[0])
+                self.leave_conversation(lambda: self.call_later(switch_to_remote, self, choice[0]))
             else:  # with a remote engine, one of its server's models: nothing loads here
-                self.load_model(choice[0], choice[1], remember=self.remote is None)
+                self.leave_conversation(lambda: self.load_model(choice[0], choice[1], remember=self.remote is None))
 
         configured = (self.options.remote or None) if self.remote is None else None
         self.push_screen(ModelPicker(self.target_name, current_draft=self.draft_name, server=self.remote,
@@ -332,7 +336,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
 
             self.push_screen(ReplayScreen(session))
         elif what == "open":
-            self.call_later(self.open_session, session)
+            self.leave_conversation(lambda: self.call_later(self.open_session, session))
 
     async def open_session(self, session: Any) -> None:
         """Continue a saved conversation: show it, hand its messages to the engine."""
@@ -445,20 +449,6 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, ThemeKeeping, PlainNotify
             return
         self.save_session(announce=False)
         self.label_turn()
-
-    def save_session(self, announce: bool = True) -> None:
-        if self.session is None:
-            if announce:
-                self.notify("Nothing to save yet", severity="warning")
-            return
-        try:
-            path = self._store().save(self.session)
-        except OSError as exc:
-            self.notify(f"could not save the session: {exc}. The conversation stays in memory.",
-                        title="session not saved", severity="error", timeout=10)
-            return
-        if announce:
-            self.notify(f"Session saved{f' to {path}' if path else ''}", timeout=3)
 
     def export_conversation(self, path: Optional[str]) -> None:
         """Markdown (or JSON, for a path ending in .json) through the session store's exporter."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Optional
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -26,6 +27,13 @@ from dflash_tui.ui.plain_notify import PlainNotify
 Result = Optional[tuple[str, Session]]
 PAGE_ROWS = 200  # rows added at a time
 MORE_AT = 20  # the next page comes when the cursor is this close to the last row shown
+# Column widths, in cells. Figures (dates, counts, tokens/cycle) are as wide as their widest value: never cut.
+# The title gives up width first, down to TITLE_MIN; then the model name down to MODEL_MIN; then the
+# tokens/cycle header becomes "τ"; then the title again, down to TITLE_FLOOR (past that the table scrolls).
+MODEL_MAX = 18
+MODEL_MIN = 10
+TITLE_MIN = 12
+TITLE_FLOOR = 6
 
 
 def local_time(stamp: str) -> str:
@@ -36,8 +44,14 @@ def local_time(stamp: str) -> str:
         return stamp
 
 
-def _cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+def _tpc(summary: SessionSummary) -> str:
+    return f"{summary.tokens_per_cycle:.2f}" if summary.tokens_per_cycle is not None else "—"
+
+
+def _cell(text: str) -> "Text":
+    cell = plain(text)
+    cell.no_wrap, cell.overflow = True, "ellipsis"
+    return cell
 
 
 class ConfirmScreen(PlainNotify, ModalScreen[bool]):
@@ -49,16 +63,16 @@ class ConfirmScreen(PlainNotify, ModalScreen[bool]):
     ConfirmScreen Button { margin-left: 1; }
     """
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, yes: str = "Delete (y)", no: str = "Keep (n)") -> None:
         super().__init__()
-        self.question = question
+        self.question, self.yes, self.no = question, yes, no
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(printable(self.question), markup=False)
             with Horizontal():
-                yield Button("Delete (y)", variant="error", id="yes")
-                yield Button("Keep (n)", id="no")
+                yield Button(self.yes, variant="error", id="yes")
+                yield Button(self.no, id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -131,21 +145,62 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         yield Static(one_line(f"Enter opens · r replays · / searches · {self.store.root}"), id="sessions-where",
                      markup=False)
         yield Input(placeholder="search titles and messages (Enter: to the list, Esc: clear)", id="sessions-search")
-        table = DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
-        table.add_column("Title", key="title")
-        table.add_column("Model", key="model")
-        table.add_column("Updated", key="updated")
-        table.add_column("Msgs", key="messages")
-        table.add_column("Tok/cycle", key="tpc")
-        yield table
+        yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)  # columns: _lay_out
         yield Static("No saved sessions yet: every conversation is saved here after each reply.",
                      id="sessions-empty")
         yield Static("", id="sessions-problems", markup=False)
         yield Footer(compact=True, show_command_palette=False)  # eight keys: the palette (ctrl+p) still opens
 
     def on_mount(self) -> None:
+        self.columns: list[tuple[str, str, int]] = []  # (key, label, width) as the table has them
         self.reload()
         self.query_one(DataTable).focus()
+
+    def on_resize(self) -> None:
+        if self.is_mounted:
+            self._lay_out()
+
+    def _widths(self) -> list[tuple[str, str, int]]:
+        """(key, label, width) of each column for this screen's width and the sessions listed."""
+        table = self.table
+        styles = table.styles
+        # the table's width inside its margin, border and padding, less a vertical scrollbar (reserved always:
+        # whether rows overflow is known only after layout) and each column's padding
+        room = ((self.size.width or 100) - styles.margin.width - styles.gutter.width
+                - styles.scrollbar_size_vertical - 2 * table.cell_padding * 5)
+        rows = self.summaries
+
+        def widest(label: str, values) -> int:
+            return max([len(label), *(len(v) for v in values)])
+
+        updated = widest("Updated", (local_time(s.updated) for s in rows))
+        messages = widest("Msgs", (str(s.messages) for s in rows))
+        model_max = min(MODEL_MAX, widest("Model", (one_line(s.model) for s in rows)))
+        for tpc_label in ("Tok/cycle", "τ"):
+            tpc = widest(tpc_label, (_tpc(s) for s in rows))
+            rest = room - updated - messages - tpc
+            model = min(model_max, max(MODEL_MIN, rest - TITLE_MIN))
+            title = rest - model
+            if title >= TITLE_MIN:
+                break
+        title = max(TITLE_FLOOR, title)
+        return [("title", "Title", title), ("model", "Model", model), ("updated", "Updated", updated),
+                ("messages", "Msgs", messages), ("tpc", tpc_label, tpc)]
+
+    def _lay_out(self) -> None:
+        """Columns as wide as `_widths` says: the table built again (its rows too) when they change."""
+        columns = self._widths()
+        if columns == self.columns:
+            return
+        table = self.table
+        shown, cursor = table.row_count, table.cursor_row
+        table.clear(columns=True)
+        for key, label, width in columns:
+            table.add_column(plain(label), width=width, key=key)
+        self.columns = columns
+        self._add_rows(shown)
+        if cursor:
+            table.move_cursor(row=cursor)
 
     @property
     def table(self) -> DataTable:
@@ -162,6 +217,7 @@ class SessionsScreen(PlainNotify, Screen[Result]):
             self.summaries, self.problems = self.store.list()
         table = self.table
         table.clear()
+        self._lay_out()  # the widest values may have changed
         ids = [s.id for s in self.summaries]
         at = ids.index(keep) if keep in ids else 0
         self._add_rows(at + PAGE_ROWS)
@@ -182,14 +238,12 @@ class SessionsScreen(PlainNotify, Screen[Result]):
     def _add_rows(self, upto: int) -> None:
         """Rows for the summaries up to `upto` (a page at a time: a table of 10,000 rows takes seconds to fill)."""
         table = self.table
-        # the other columns take about 58 cells: the title gets the rest, so 80 columns need no side scroll
-        title_width = max(12, (self.size.width or 100) - 60)
         for s in self.summaries[table.row_count:upto]:
-            title = _cut(one_line(s.title or "untitled"), title_width)
-            tpc = f"{s.tokens_per_cycle:.2f}" if s.tokens_per_cycle is not None else "—"
-            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app
-            cells = (title, _cut(one_line(s.model), 18), one_line(local_time(s.updated)), str(s.messages), tpc)
-            table.add_row(*(plain(c) for c in cells), key=s.id)
+            cells = (one_line(s.title or "untitled"), one_line(s.model), one_line(local_time(s.updated)),
+                     str(s.messages), _tpc(s))
+            # data as Text: a str cell is parsed as markup, and a title like "[/] hi" would end the app; what does
+            # not fit its column (a title, a model name) ends in "…", never silently cut
+            table.add_row(*(_cell(c) for c in cells), key=s.id)
 
     @on(DataTable.RowHighlighted)
     def _more_rows(self, event: DataTable.RowHighlighted) -> None:

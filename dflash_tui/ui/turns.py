@@ -84,8 +84,11 @@ class TurnStreaming:
     async def action_quit(self) -> None:
         """ctrl+q: a reply still streaming stops after its cycle and is saved first, as Esc keeps it;
         a second ctrl+q, or an engine that has not stopped within QUIT_WAIT_S, quits at once."""
-        if not self.generating or self._quitting:
+        if self._quitting:
             self.exit()
+            return
+        if not self.generating:
+            self.leave_conversation(self.exit)
             return
         self._quitting = True
         self.action_stop()
@@ -94,7 +97,7 @@ class TurnStreaming:
 
     def _quit_if_asked(self) -> None:
         if self._quitting:
-            self.exit()
+            self.leave_conversation(self.exit)  # the reply it waited for may not have been saved
 
     def start_turn(self, text: Optional[str], edit_of: Optional[str] = None) -> None:
         """Send `text` (None: regenerate the last reply, or, after a failed turn, send its message again);
