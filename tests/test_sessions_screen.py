@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,55 @@ async def test_a_long_list_fills_a_page_at_a_time(tmp_path, monkeypatch):
         await pilot.press("enter")
         await pilot.pause()
     assert app.results[-1][1].id == "p0"  # the oldest, reached through the pages
+
+
+_ROW = re.compile(r"^ +(?P<title>\S.*?) {2,}(?P<model>\S.*?) {2,}(?P<updated>\d{4}-\d\d-\d\d \d\d:\d\d) {2,}"
+                  r"(?P<msgs>\d+) {2,}(?P<tpc>\d+\.\d\d|—)(?= |$)")
+
+
+def _screen_rows(app: App) -> tuple[str, dict[str, re.Match]]:
+    """The table as the screen shows it: its header line, and each row's cells by the row's date."""
+    lines = [strip.text for strip in app.screen._compositor.render_strips()]
+    header = next(line for line in lines if line.lstrip().startswith("Title"))
+    rows = {m["updated"]: m for m in map(_ROW.match, lines) if m}
+    return header, rows
+
+
+async def test_a_narrow_terminal_cuts_the_title_never_a_figure(tmp_path):
+    """60 columns (and 50), a long title, rows past the screen's height (a scrollbar): every date, count and
+    tokens/cycle shows whole; the title gives up width, with an ellipsis; resized while open too."""
+    from dflash_tui.ui.sessions_screen import local_time
+
+    store = _store(tmp_path, n=3)
+    base = json.loads(TRACE_SESSION.read_text())
+    for i in range(20):  # older than s0..s2: below them
+        data = dict(base, id=f"x{i}", title=f"older {i}", updated=f"2024-12-{i + 1:02d}T10:00:00+00:00")
+        (store.root / f"x{i}.json").write_text(json.dumps(data))
+    long = "a very long title about sorting notes and other things worth keeping"[:60]
+    s2 = store.load("s2")
+    s2.title = long
+    store.save(s2)
+    summaries, _ = store.list()
+    expected = {local_time(s.updated): s for s in summaries}
+    app = Host(store)
+    async with app.run_test(size=(60, 20)) as pilot:
+        for size in [(60, 20), (130, 30), (60, 20), (50, 20)]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            header, rows = _screen_rows(app)
+            assert header.split()[-1] in ("Tok/cycle", "τ"), (size, header)
+            if size[0] >= 100:
+                assert header.split()[-1] == "Tok/cycle"
+            table = app.screen.query_one(DataTable)
+            shown = min(table.row_count, table.scrollable_content_region.height - 1)  # less the header
+            assert len(rows) == shown and set(rows) <= set(expected), (size, header, rows)
+            for updated, cells in rows.items():
+                summary = expected[updated]
+                assert cells["tpc"] == f"{summary.tokens_per_cycle:.2f}", (size, cells.group(0))
+                assert cells["msgs"] == str(summary.messages)
+                title = cells["title"]
+                assert title == summary.title or (title.endswith("…") and summary.title.startswith(title[:-1]))
+            if size[0] <= 60:
+                assert rows[local_time(s2.updated)]["title"].endswith("…")
+            else:
+                assert rows[local_time(s2.updated)]["title"] == long

@@ -29,9 +29,11 @@ PAGE_ROWS = 200  # rows added at a time
 MORE_AT = 20  # the next page comes when the cursor is this close to the last row shown
 # Column widths, in cells. Figures (dates, counts, tokens/cycle) are as wide as their widest value: never cut.
 # The title gives up width first, down to TITLE_MIN; then the model name down to MODEL_MIN; then the
-# tokens/cycle header becomes "τ"; then the title again, down to TITLE_FLOOR (past that the table scrolls).
+# tokens/cycle header becomes "τ"; then the title again, down to TITLE_FLOOR, and the model name, down to
+# MODEL_FLOOR. That is 50 columns: narrower, the table scrolls sideways.
 MODEL_MAX = 18
 MODEL_MIN = 10
+MODEL_FLOOR = 6
 TITLE_MIN = 12
 TITLE_FLOOR = 6
 
@@ -152,7 +154,7 @@ class SessionsScreen(PlainNotify, Screen[Result]):
         yield Footer(compact=True, show_command_palette=False)  # eight keys: the palette (ctrl+p) still opens
 
     def on_mount(self) -> None:
-        self.columns: list[tuple[str, str, int]] = []  # (key, label, width) as the table has them
+        self._layout: list[tuple[str, str, int]] = []  # (key, label, width) as the table has them
         self.reload()
         self.query_one(DataTable).focus()
 
@@ -183,21 +185,23 @@ class SessionsScreen(PlainNotify, Screen[Result]):
             title = rest - model
             if title >= TITLE_MIN:
                 break
-        title = max(TITLE_FLOOR, title)
+        if title < TITLE_FLOOR:  # the model name again, down to MODEL_FLOOR
+            model = min(model, max(MODEL_FLOOR, rest - TITLE_FLOOR))
+            title = max(TITLE_FLOOR, rest - model)
         return [("title", "Title", title), ("model", "Model", model), ("updated", "Updated", updated),
                 ("messages", "Msgs", messages), ("tpc", tpc_label, tpc)]
 
     def _lay_out(self) -> None:
         """Columns as wide as `_widths` says: the table built again (its rows too) when they change."""
         columns = self._widths()
-        if columns == self.columns:
+        if columns == self._layout:
             return
         table = self.table
         shown, cursor = table.row_count, table.cursor_row
         table.clear(columns=True)
         for key, label, width in columns:
             table.add_column(plain(label), width=width, key=key)
-        self.columns = columns
+        self._layout = columns
         self._add_rows(shown)
         if cursor:
             table.move_cursor(row=cursor)
