@@ -304,6 +304,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
         if self.system_prompt:
             self.chat.add_system(self.system_prompt)
         self.chat.add_note("New conversation.")
+        self.end_edit_if_gone()  # a message being edited went with the conversation (it may come after /new's own check)
         self.prompt.focus()
 
     def action_pick_model(self) -> None:
