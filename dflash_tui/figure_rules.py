@@ -14,3 +14,16 @@ def measures_target_alone(done: Any) -> bool:
     target-only reply, not stopped, of MIN_TIMED_TOKENS tokens or more."""
     return (done.stats.get("mode") == "baseline" and done.finish_reason != "cancelled"
             and len(done.tokens) >= MIN_TIMED_TOKENS and bool(done.stats.get("decode_tps")))
+
+
+def tokens_words(n: int) -> str:
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
+def finish_words(finish_reason: str, stats: dict) -> str:
+    """How a reply ended, in a reply's line of figures ("" for the end of text)."""
+    if finish_reason == "cancelled":
+        return "stopped"
+    if finish_reason == "length":  # the engine ends a reply where the model's context is full, as at max_tokens
+        return "context full" if stats.get("context_full") else "hit max tokens"
+    return ""

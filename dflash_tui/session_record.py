@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from dflash_tui.engine.events import Done, Prefill
 from dflash_tui.errors import UserError
+from dflash_tui.figure_rules import finish_words, tokens_words
 from dflash_tui.files import TooBig, read_regular_file
 from dflash_tui.model_names import model_label
 from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
@@ -245,8 +246,11 @@ def reply_summary(done: Optional[Done]) -> str:
     if done is None:
         return ""
     s = done.stats
-    parts = [f"{s.get('generated_tokens', len(done.tokens))} tokens"]
-    if s.get("mode") == "dflash" and s.get("cycles") == 0:
+    n = s.get("generated_tokens", len(done.tokens))
+    parts = [tokens_words(n)]
+    if n == 0:
+        pass  # stopped before its first token: no mode ran
+    elif s.get("mode") == "dflash" and s.get("cycles") == 0:
         parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
     elif s.get("mode") == "dflash":
         parts.append(f"{s.get('tokens_per_cycle', 0.0):.2f} tokens/cycle")
@@ -255,11 +259,8 @@ def reply_summary(done: Optional[Done]) -> str:
         parts.append("target only")
     if s.get("decode_tps"):
         parts.append(f"{s['decode_tps']:.1f} tok/s")
-    if done.finish_reason == "cancelled":
-        parts.append("stopped")
-    elif done.finish_reason == "length":
-        parts.append("hit max tokens")
-    return " · ".join(parts)
+    parts.append(finish_words(done.finish_reason, s))
+    return " · ".join(p for p in parts if p)
 
 
 def first_prefill(message: Message) -> Optional[Prefill]:

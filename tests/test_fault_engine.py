@@ -20,6 +20,8 @@ from conftest import demo_pair_bundled
 from dflash_tui.cli import main
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done, Error, Prefill
+from dflash_tui.session_record import reply_summary
+from dflash_tui.ui.turns import reply_footer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,6 +57,11 @@ def test_a_reply_ends_where_the_context_is_full(qwen3_pair, monkeypatch, baselin
     done = list(conv.generate("word " * 20, GenerationSettings(max_tokens=40, block_size=4, baseline=baseline)))[-1]
     assert isinstance(done, Done)
     assert len(done.tokens) == 5 and done.finish_reason == "length"  # 40 without the cap: it went past the context
+    assert done.stats["context_full"] is True
+    assert reply_footer(done.stats, done.finish_reason).endswith(" · context full")  # not "hit max tokens"
+    assert reply_summary(done).endswith(" · context full")
+    short = list(Conversation(qwen3_pair).generate("hi", GenerationSettings(max_tokens=2, baseline=baseline)))[-1]
+    assert "context_full" not in short.stats and reply_footer(short.stats, "length").endswith("hit max tokens")
     assert len(conv.state.tokens) <= n + 5
 
 

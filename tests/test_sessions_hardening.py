@@ -162,3 +162,7 @@ def test_a_reply_with_no_cycle_drafted_has_no_cycle_figures():
     assert "target only" in footer and "tok/cycle" not in footer and "accepted" not in footer
     assert reply_footer(drafted.stats, "length").endswith("hit max tokens")
     assert reply_summary(Done([5], "a", "length", dict(drafted.stats))).endswith("hit max tokens")
+    # one token is "1 token"; a DFlash turn stopped before its first token ran no mode: it says only that
+    assert footer.startswith("1 token · ") and reply_summary(alone).startswith("1 token · ")
+    unborn = Done([], "", "cancelled", {"mode": "dflash", "generated_tokens": 0, "cycles": 0})
+    assert reply_footer(unborn.stats, "cancelled") == "0 tokens · stopped" == reply_summary(unborn)

@@ -160,7 +160,8 @@ class Conversation:
                 self.messages.pop()
             yield Error(f"the prompt is {len(prompt)} tokens; the model's context is {limit} tokens")
             return
-        if limit is not None and len(prompt) + settings.max_tokens > limit:  # past it the model was never trained
+        capped = limit is not None and len(prompt) + settings.max_tokens > limit  # past it the model was never trained
+        if capped:
             settings = replace(settings, max_tokens=limit - len(prompt))  # the reply ends "length" where it is full
         try:
             sampling = settings.sampling()
@@ -183,6 +184,8 @@ class Conversation:
                 self.messages.pop()  # the turn never happened: sending it again must not double it
             yield Error(self._failure(exc))
             return
+        if capped and done.finish_reason == "length":
+            done.stats["context_full"] = True  # not max_tokens: the reply says so
         if record:
             self.messages.append({"role": "assistant", "content": done.text})
         yield done

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any, Optional
 
+from dflash_tui.figure_rules import finish_words, tokens_words
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.chat_view import AssistantHandle, AssistantMessage, Note, UserMessage
@@ -33,8 +34,10 @@ REPLY_SETTINGS = ("max_tokens", "top_p", "top_k", "min_p")
 
 def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
     n = stats.get("generated_tokens", 0)
-    parts = [f"{n} tokens"]
-    if stats.get("mode") == "dflash" and stats.get("cycles") == 0:
+    parts = [tokens_words(n)]
+    if n == 0:
+        pass  # stopped before its first token: no mode ran
+    elif stats.get("mode") == "dflash" and stats.get("cycles") == 0:
         parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
     elif stats.get("mode") == "dflash":
         parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
@@ -52,11 +55,8 @@ def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
         parts.append("target only")
     if stats.get("decode_tps"):
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
-    if finish_reason == "cancelled":
-        parts.append("stopped")
-    elif finish_reason == "length":
-        parts.append("hit max tokens")
-    return " · ".join(parts)
+    parts.append(finish_words(finish_reason, stats))
+    return " · ".join(p for p in parts if p)
 
 
 class TurnStreaming:
