@@ -264,3 +264,100 @@ async def test_replayed_replies_have_the_live_chats_footers():
             await pilot.pause(0.05)
         shown = [str(b.query_one(".message-footer").render()) for b in app.screen.query(AssistantMessage)]
     assert shown == wanted and all(shown)
+
+
+def _meter_text(app) -> str:
+    from dflash_tui.ui.meter import SystemMeter
+
+    return str(app.screen.query_one(SystemMeter)._body.render())
+
+
+async def _play_to_the_end(app, pilot) -> None:
+    await pilot.press("i", "space")  # instant, and play
+    for _ in range(100):
+        if app.screen.player.finished:
+            break
+        await pilot.pause(0.05)
+    await pilot.pause(0.1)
+    assert app.screen.player.finished
+
+
+async def test_after_a_jump_the_meter_shows_the_settings_of_the_reply_in_view():
+    """The session's settings are its last reply's (block 8): gone back to an earlier reply, the meter
+    shows that reply's figures beside its own settings (block 16, target only), never the last's."""
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = trace_session()
+    session.settings["block_size"] = 8
+    last = session.messages[6]  # ran at block 8
+    next(e for e in last.trace if e.get("type") == "done")["stats"]["block_size"] = 8
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await _play_to_the_end(app, pilot)
+        assert "7.55 tokens/cycle" in _meter_text(app) and "block 8 " in _meter_text(app), _meter_text(app)
+        await pilot.press("p")  # the last reply from its start: the baseline reply's figures in view
+        await pilot.pause(0.2)
+        body = _meter_text(app)
+        assert app.screen.player.current_message == 6
+        assert "target only" in body.splitlines()[-1] and "block" not in body, body
+        await pilot.press("p", "p")  # back to the baseline reply: the first DFlash reply's figures
+        await pilot.pause(0.2)
+        body = _meter_text(app)
+        assert app.screen.player.current_message == 4
+        assert "5.08 tokens/cycle" in body and "block 16 " in body, body
+        await pilot.press("right")  # into the baseline reply: its own settings
+        await pilot.pause(0.1)
+        assert "target only" in _meter_text(app).splitlines()[-1], _meter_text(app)
+
+
+async def test_a_reply_stopped_in_its_prefill_replays_with_the_block_size_it_ran_with():
+    """No cycle, so its Done has no block size: the session's (4) is the one it ran with, not "auto"."""
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = trace_session()
+    session.settings["block_size"] = 4
+    last = session.messages[6]
+    stopped = {"mode": "dflash", "prompt_tokens": 247, "cached_tokens": 231, "prefill_s": 0.02, "ttft_s": 0.02,
+               **{k: 0 for k in ("generated_tokens", "decode_s", "decode_tps", "cycles", "tokens_per_cycle",
+                                 "acceptance", "draft_ms", "verify_ms", "rollback_ms", "prefill_tps")}}
+    last.trace = [{"t": 0.02, **event_to_dict(Done([], "", "cancelled", stopped))}]
+    last.content = ""
+    for recorded in ({}, {"block_size": None}):  # no block size, or None: the session's
+        last.trace[0]["stats"] = {**stopped, **recorded}
+        app = ReplayApp(session, paused=True, theme="textual-dark")
+        async with app.run_test(size=(160, 48)) as pilot:
+            await pilot.pause()
+            await _play_to_the_end(app, pilot)
+            body = _meter_text(app)
+            assert "block 4 " in body and "auto" not in body, body
+
+
+async def test_the_peak_memory_is_the_reply_in_views_from_its_start():
+    """While a reply plays, the meter's peak is the one the live meter showed for it (the peak since load,
+    this reply's included), from its first cycle: not the replies before it until it ends."""
+    from dflash_tui.ui.figure_text import fmt_bytes
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = trace_session()
+    peaks = [m.done().stats["peak_memory"] for m in session.replies()]
+    assert peaks[2] > peaks[0] > peaks[1]  # the last reply's peak is the highest
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await pilot.press("right")  # the first cycle of the first reply
+        await pilot.pause(0.1)
+        assert f"{fmt_bytes(peaks[0])} peak" in _meter_text(app), _meter_text(app)
+        await pilot.press("n", "n", "n", "right")  # the first cycle of the last reply
+        await pilot.pause(0.1)
+        assert app.screen.player.current_message == 6
+        assert f"{fmt_bytes(peaks[2])} peak" in _meter_text(app), _meter_text(app)
+        await _play_to_the_end(app, pilot)  # and the same once it is done
+        assert f"{fmt_bytes(peaks[2])} peak" in _meter_text(app), _meter_text(app)
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:  # the baseline reply: lower than the one before
+        await pilot.pause()
+        await pilot.press("n", "n", "n", "n", "right")  # the first cycle of the baseline reply
+        await pilot.pause(0.1)
+        assert app.screen.player.current_message == 4
+        assert f"{fmt_bytes(peaks[0])} peak" in _meter_text(app), _meter_text(app)

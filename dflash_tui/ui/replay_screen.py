@@ -156,12 +156,10 @@ class ReplayScreen(PlainNotify, Screen[None]):
             self._pending_text = ""
             self.acceptance.reset()
             done = message.done()
-            if done is not None:  # the settings this reply ran with (block size, baseline or not)
-                mode = done.stats.get("mode")
-                ran = {k: done.stats[k] for k in ("temperature", *REPLY_SETTINGS) if k in done.stats}
-                self.meter.set_settings({**self.session.settings, **ran, "mode": mode,
-                                         "block_size": 1 if mode == "baseline" else done.stats.get("block_size")})
+            self.meter.set_settings(reply_settings(self.session, message))  # those this reply ran with
+            if done is not None:
                 self._baseline_of(done)
+                self._peak_of(done)
             self._last_event_at = cue.at
         elif cue.kind == "event":
             ev = cue.event
@@ -184,6 +182,14 @@ class ReplayScreen(PlainNotify, Screen[None]):
         """The target-alone figure the live meter divided by at this reply, where the session has it."""
         if done.stats.get("baseline_tps"):
             self.meter.set_baseline_tps(done.stats["baseline_tps"])
+
+    def _peak_of(self, done: Done) -> None:
+        """From a reply's start, the peak the live meter showed once it was done: the peak since load
+        (the engine's sampler keeps the highest), so this reply's recorded peak and those before it."""
+        peak = done.stats.get("peak_memory")
+        if peak:
+            s = self.meter.state
+            self.meter.set_memory(s.active_bytes, max(s.peak_bytes or 0, int(peak)), s.rss_bytes)
 
     def _append(self, text: str) -> None:
         # held back until the reply widget is mounted: text streamed before that is shown twice
@@ -215,13 +221,15 @@ class ReplayScreen(PlainNotify, Screen[None]):
             await self.chat.clear()
             self.acceptance.reset()
             self.meter.reset_turns()
-            self.meter.set_settings(recorded_settings(self.session))
+            shown = None  # the last reply whose figures the meter shows: its settings go beside them
             for i in range(index):
                 self._add_whole(i)
                 done = self.session.messages[i].done()
                 if done is not None:
                     self._baseline_of(done)
                     self.meter.on_done(done)  # the meter's per-turn figures up to here
+                    shown = self.session.messages[i]
+            self.meter.set_settings(reply_settings(self.session, shown))
         finally:
             self._busy = False
         self._show_status()
@@ -298,6 +306,21 @@ def recorded_settings(session: Session) -> dict:
                 settings["block_size"] = size
                 break
     return settings
+
+
+def reply_settings(session: Session, message) -> dict:
+    """The settings a reply ran with, as its Done recorded them (block size, baseline or not, sampling,
+    max tokens); what it did not record (a reply stopped during its prefill has no block size), or a
+    reply with no Done at all (None: no reply), the session's."""
+    settings = recorded_settings(session)
+    done = message.done() if message is not None else None
+    if done is None:
+        return settings
+    stats = done.stats
+    mode = stats.get("mode")
+    ran = {k: stats[k] for k in ("temperature", *REPLY_SETTINGS) if stats.get(k) is not None}
+    size = 1 if mode == "baseline" else stats.get("block_size")
+    return {**settings, **ran, "mode": mode, "block_size": settings.get("block_size") if size is None else size}
 
 
 def recorded_baseline(session: Session) -> Optional[float]:
