@@ -144,6 +144,11 @@ def _body(meter: SystemMeter) -> str:
     return str(meter._body.render())
 
 
+def _text(meter: SystemMeter) -> str:
+    """Every line of the meter as drawn: the speed line, the graph's and the body."""
+    return "\n".join(str(w.render()) for w in meter.query("MeterText"))
+
+
 def _style_of(meter: SystemMeter, needle: str):
     text = meter._body.render()
     start = text.plain.index(needle)
@@ -194,9 +199,26 @@ async def test_a_stopped_or_short_reply_does_not_replace_the_speedup():
         # while a reply streams, its own figure once it has 16 tokens, the kept one before
         meter.on_prefill(Prefill(40, 0, 0.1))
         meter.on_blocks([Block(1, [1] * 3, 3, [1] * 4, "x")] * 3, 0.1)  # 12 tokens
-        assert "3.20×" in _body(meter)
+        assert "3.20× vs 25.0 tok/s target alone (last full reply)" in _body(meter)  # not this reply's: said so
         meter.on_blocks([Block(2, [1] * 3, 3, [1] * 4, "x")] * 2, 0.1)  # 20 tokens in 0.2 s
-        assert "4.00× vs 25.0 tok/s target alone" in _body(meter)
+        assert "4.00× vs 25.0 tok/s target alone" in _body(meter) and "(last full reply)" not in _body(meter)
+        await pilot.pause()
+
+
+async def test_a_one_token_reply_has_no_speed_and_the_graph_is_each_replys_own():
+    async with PanesApp().run_test(size=(160, 48)) as pilot:
+        meter = pilot.app.query_one(SystemMeter)
+        meter.set_pair("Qwen/Qwen3-8B", "z-lab/Qwen3-8B-DFlash-b16", "cpu")
+        meter.set_settings({"block_size": 16, "mode": "dflash"})
+        _turn(meter, 40, 0.5)
+        assert meter.state.samples  # the reply's live speed as it went
+        meter.on_prefill(Prefill(40, 0, 0.1))
+        assert not meter.state.samples  # a new reply starts its own graph
+        meter.on_blocks([Block(0, [], 0, [7], "x")], 0.05)  # the prefill's token, and that is all
+        meter.on_done(Done([7], "x", "length", {"mode": "dflash", "generated_tokens": 1, "cycles": 0,
+                                                 "decode_tps": 0.0}))
+        assert meter.state.tps is None and not meter.state.samples  # nothing after the first token to time
+        assert "0.00 tok/s" not in _text(meter)
         await pilot.pause()
 
 

@@ -140,7 +140,7 @@ class MeterState:
             elif b.index > 0 and self.mode == "dflash":
                 self.last_block = 1  # the block sizer chose a target-alone step (block 0 is the prefill's token)
         self.turn_tokens += tokens
-        if elapsed_s > 0:
+        if elapsed_s > 0 and tokens:  # the first token alone (block 0) times the prefill, not a speed
             self.turn_seconds += elapsed_s
             self.live.append((tokens, elapsed_s))
             while len(self.live) > 1 and sum(s for _, s in list(self.live)[1:]) >= LIVE_WINDOW_S:
@@ -155,6 +155,7 @@ class MeterState:
         self.turn_tokens, self.turn_seconds = 0, 0.0
         self.turn_cycles = self.turn_cycle_tokens = 0
         self.live.clear()
+        self.samples.clear()  # the graph is this reply's (a failed one gets the last back: before_turn)
 
     def on_failed(self) -> None:
         """The turn failed (no Done): a failed reply's speed, prefill and cycles are not a measurement,
@@ -171,7 +172,9 @@ class MeterState:
         self.generating = False
         self.live.clear()
         self.turn_mode = s.get("mode")
-        self.turn_tps = s.get("decode_tps") or (self.turn_tokens / self.turn_seconds if self.turn_seconds else None)
+        # the engine's figure (0 for a reply of one token: nothing after the first to time), else the live one
+        tps = s["decode_tps"] if "decode_tps" in s else (self.turn_tokens / self.turn_seconds if self.turn_seconds else None)
+        self.turn_tps = tps or None
         self.turn_tokens_per_cycle = s.get("tokens_per_cycle") if s.get("cycles") else None
         new = (s.get("prompt_tokens") or 0) - (s.get("cached_tokens") or 0)
         if s.get("prefill_tps") and new >= MIN_TIMED_TOKENS:
@@ -382,7 +385,9 @@ class SystemMeter(Widget):
             speedup, source = figure
             slower = round(speedup, 2) < 1  # as shown: 0.995 reads 1.00×, not slower
             t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
-            where = {"probe": " (probe)", "turn": "" if s.kept_is_last else " (last full reply)", "live": ""}[source]
+            # a reply streaming, not yet 16 tokens: the figure shown is still the last full reply's
+            last = s.kept_is_last and not s.generating
+            where = {"probe": " (probe)", "turn": "" if last else " (last full reply)", "live": ""}[source]
             if compact:  # the longest words that fit a narrow meter's line; where the figure is from stays
                 words = ([f"{where}: slower than target alone", f"{where}: slower than alone", f"{where}: slower"]
                          if slower else [f" speedup{where}", where])
