@@ -278,16 +278,16 @@ class SessionStore:
                branch: Optional[str] = None) -> Path:
         """Write a Markdown or JSON export (see session_export); default under the data dir's `exports/`
         (made if need be; beside an earlier export of the same, `-2`, `-3`, ...: never over one, which the
-        user may have edited). A `dest` given must be a new file in a folder that exists: files.Refused (an
-        OSError) otherwise."""
+        user may have edited). A `dest` given must be a new file in a folder that exists, or a folder, where it
+        goes as in `exports/`: files.Refused (an OSError) otherwise."""
         payload = export_text(session, fmt, message=message, branch=branch).encode("utf-8")
-        if dest is not None:
-            dest = Path(dest).expanduser()
-            write_new_file(dest, payload)
-            return dest
+        folder = Path(dest).expanduser() if dest is not None else self.root.parent / "exports"
+        if dest is not None and not folder.is_dir():
+            write_new_file(folder, payload)
+            return folder
         part = message or branch
         suffix = f"-{part}" if part and valid_id(part) else ""
-        folder, ext = self.root.parent / "exports", "json" if fmt == "json" else "md"
+        ext = "json" if fmt == "json" else "md"
         folder.mkdir(parents=True, exist_ok=True)
         for n in range(1, MAX_EXPORTS + 1):
             dest = folder / f"{session.id}{suffix}{'' if n == 1 else f'-{n}'}.{ext}"

@@ -129,6 +129,13 @@ def test_export_never_replaces_a_file(store, tmp_path, capsys):
     assert second == first.with_name(f"{s.id}-2.md") and "one more" in second.read_text()
     assert first.read_text().endswith("my edit\n")  # the user's edit is still there
     assert store.export(s, "markdown").name == f"{s.id}-3.md"
+    # a folder given: the export goes into it, named as in exports/ and never over an earlier one
+    shelf = tmp_path / "shelf"
+    shelf.mkdir()
+    rc, _out, err = _run(capsys, "sessions", "export", s.id, "-o", str(shelf))
+    assert rc == 0 and (shelf / f"{s.id}.md").exists(), err
+    assert store.export(s, "json", shelf) == shelf / f"{s.id}.json"
+    assert store.export(s, "markdown", shelf) == shelf / f"{s.id}-2.md"
 
 
 # -- ambiguous prefixes ---------------------------------------------------------------------------------

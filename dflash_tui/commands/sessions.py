@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("session", metavar="SESSION", help=SESSION_HELP)
     p.add_argument("--format", "-f", choices=("markdown", "md", "json"), default="markdown")
     p.add_argument("--output", "-o", metavar="PATH",
-                   help="write a new file here, in a folder that exists (default: standard output)")
+                   help="write a new file here, in a folder that exists, or into a folder (default: standard output)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--message", metavar="N|ID", help="only this message (its number in `show`, or its id)")
     which.add_argument("--branch", metavar="ID", help="the branch through this message id (default: the one in view)")
