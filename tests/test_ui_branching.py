@@ -154,6 +154,7 @@ async def test_delete_a_pair_asks_first_and_the_turns_after_move_up(qwen3_dirs):
         app.chat.query(AssistantMessage).first().focus()  # either message of the pair
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+        assert app.screen.question.startswith("Delete this reply and the message it answers?")  # what goes
         await pilot.press("n")
         await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 5, "the answer")
         assert app.session.messages == before and users(app) == ["first question", "second question"]
@@ -161,6 +162,7 @@ async def test_delete_a_pair_asks_first_and_the_turns_after_move_up(qwen3_dirs):
         app.chat.query(UserMessage).first().focus()
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 5, "the question")
+        assert app.screen.question.startswith("Delete this message and its reply?")
         await pilot.press("y")
         await wait_for(pilot, lambda: users(app) == ["second question"], 5, "the pair to go")
         assert [m.id for m in app.session.messages] == [m.id for m in before[2:]]

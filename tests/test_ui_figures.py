@@ -54,6 +54,13 @@ async def test_a_block_above_the_drafts_own_is_refused_with_the_reason(qwen3_dir
         assert app.options.block_size == 8  # unchanged
         assert any("block size 32 refused" in n.message and "trained to draft blocks of 16" in n.message
                    for n in app._notifications)
+        for bad in ("-3", "1", "big"):  # refused in the words of the one rule, as 32 is, naming the draft's size
+            await send(pilot, app, f"/block {bad}")
+            assert app.options.block_size == 8
+            alone = "; 1 drafts nothing: /baseline runs the target alone" if bad == "1" else ""
+            assert any(n.message == f"block size {bad} refused: a block size is auto, 0 (the draft's own) or a "
+                       f"number from 2 up to the draft's own (16){alone}" for n in app._notifications), \
+                [n.message for n in app._notifications]
         await send(pilot, app, "/block 16")
         assert app.options.block_size == 16
 

@@ -20,8 +20,9 @@ from dflash_tui.ui.prompt import PromptBox, message_text, prompt_text
 from dflash_tui.ui.turns import reply_footer
 from dflash_tui.ui.worker import Restore
 
-DELETE_QUESTION = ("Delete this message and its reply?\n\nThe turns after them move up into their place; "
-                   "other branches stay as they are.")
+# the pair goes together, whichever of the two is focused
+DELETE_QUESTION = {"user": "Delete this message and its reply?", "assistant": "Delete this reply and the message it answers?"}
+DELETE_AFTER = "\n\nThe turns after them move up into their place; other branches stay as they are."
 
 
 def reply_for(messages: Sequence[Message], message_id: Optional[str]) -> Optional[Message]:
@@ -226,7 +227,7 @@ class Branching:
             if yes:
                 self.call_later(self.delete_pair, message_id)
 
-        self.push_screen(ConfirmScreen(DELETE_QUESTION), answered)
+        self.push_screen(ConfirmScreen(DELETE_QUESTION[message.role] + DELETE_AFTER), answered)
 
     async def delete_pair(self, message_id: str) -> None:
         if self._branch_message(message_id) is None:

@@ -20,6 +20,7 @@ class ChatControls(Protocol):
     """What the slash commands and the palette ask of the chat app (the app is never imported here)."""
 
     baseline: bool
+    draft_block_size: int  # the loaded draft's own block size (0: none loaded)
     theme: str
     available_themes: dict[str, Any]
 
@@ -71,7 +72,14 @@ def _setting(key: str, label: str) -> Callable[[ChatControls, str], Awaitable[No
         try:
             value = VALIDATORS[key](arg)
         except BadValue as exc:
-            app.notify(f"{label} {exc}", title=f"/{_NAME_OF[key]}", severity="error")
+            words = str(exc)
+            if key == "block_size":  # one rule in the same words everywhere (--block-size, serve, /block 17)
+                from dflash_tui.commands.common import block_size_problem
+
+                own = f" ({app.draft_block_size})" if app.draft_block_size else ""
+                rule, _, one = block_size_problem(arg, "/baseline runs the target alone").partition(";")
+                words = f"{arg.strip()[:20]} refused: {rule}{own}" + (f";{one}" if one else "")
+            app.notify(f"{label} {words}", title=f"/{_NAME_OF[key]}", severity="error")
             return
         refused = app.refuse_setting(key, value)
         if refused:
