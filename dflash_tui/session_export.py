@@ -69,7 +69,9 @@ def reply_figures(message: Message) -> dict[str, Any]:
             "tau": rounded("tokens_per_cycle", 3) if dflash else None,
             "acceptance": rounded("acceptance", 4) if dflash else None,
             "tok_s": rounded("decode_tps", 1),
-            "temperature": rounded("temperature", 4), "max_tokens": stats.get("max_tokens"),  # what this reply ran with
+            # what this reply ran with (the front matter's settings are the last reply's)
+            "block_size": stats.get("block_size") if dflash else None,
+            "temperature": rounded("temperature", 4), "max_tokens": stats.get("max_tokens"),
             "finish": done.finish_reason if done else None}
 
 

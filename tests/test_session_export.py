@@ -38,7 +38,7 @@ def _session() -> Session:
     q = s.add_message("user", "and a list?")
     s.add_message("assistant", "Here:\n\n```\nimport math\nprint(math.fsum([1, 2]))\n```\n", _trace("x", "baseline"))
     s.edit(q.id, "and a tuple?")
-    s.add_message("assistant", "Use `sum((1, 2))`.", _trace("y", temperature=0.7, max_tokens=64))  # its own settings
+    s.add_message("assistant", "Use `sum((1, 2))`.", _trace("y", temperature=0.7, max_tokens=64, block_size=8))  # its own
     return s
 
 
@@ -60,9 +60,9 @@ def test_front_matter_reads_back_with_model_names_settings_and_figures():
     assert front["messages"] == 5 and front["branches"] == 2
     assert front["replies"] == [
         {"message": "m3", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
-         "temperature": None, "max_tokens": None, "finish": "stop"},  # an older file: not recorded
+         "block_size": None, "temperature": None, "max_tokens": None, "finish": "stop"},  # an older file: not recorded
         {"message": "m7", "mode": "dflash", "tokens": 12, "tau": 3.125, "acceptance": 0.5312, "tok_s": 48.2,
-         "temperature": 0.7, "max_tokens": 64, "finish": "stop"}]
+         "block_size": 8, "temperature": 0.7, "max_tokens": 64, "finish": "stop"}]
     assert "\x1b" not in md and "\x9b" not in md and "\x07" not in md  # inert on a terminal
     assert "and a tuple?" in md and "and a list?" not in md  # the branch in view
 
