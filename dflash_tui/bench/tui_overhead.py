@@ -58,7 +58,7 @@ async def in_tui(model: str, draft: str, prompt: str, max_tokens: int, block_siz
         app.meter.on_done = record
         for _ in range(runs):
             between()
-            await app.action_new_chat()
+            app.action_new_chat()  # it asks only where a conversation was not saved: never here
             await pilot.pause(0.2)
             app.prompt.value = prompt
             done.clear()
