@@ -184,3 +184,21 @@ def test_a_mask_token_past_the_vocabulary_is_refused_before_the_replies(tiny_tar
     argv[2] = str(tiny_target)
     assert main(argv) == 2
     assert "--mask-token-id" in _one_line(capsys)
+
+
+def test_a_full_disk_mid_run_is_one_line_not_a_traceback(tmp_path, tiny_target):
+    # a real run whose files may not grow past 20 kB (the draft's checkpoint is larger): as a full disk
+    import resource
+    import subprocess
+    import sys
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+
+    argv = ["train-draft", "--target", str(tiny_target), "--prompts", str(_prompts(tmp_path / "p.jsonl")),
+            "--out", str(tmp_path / "out"), "--steps", "2", "--max-new-tokens", "16", "--eval-prompts", "1"]
+    r = subprocess.run([sys.executable, "-m", "dflash_tui", *argv], capture_output=True, text=True, timeout=300,
+                       preexec_fn=small_files, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"dflash-tui: could not save to --out {tmp_path / 'out'}: "
+                                                        "could not write draft.safetensors")

@@ -112,7 +112,10 @@ def run(args: argparse.Namespace) -> int:
                       seed=args.seed, init=args.init, mask_token_id=args.mask_token_id,
                       eval_max_tokens=args.eval_max_tokens, compile=not args.no_compile)
     target = load_target(args.target)
-    metrics = train_draft(target, train, args.out, cfg, eval_prompts=evals, resume=args.resume)
+    try:
+        metrics = train_draft(target, train, args.out, cfg, eval_prompts=evals, resume=args.resume)
+    except OSError as exc:  # a full disk mid-run: the last checkpoint saved whole stays (trainer.staged_checkpoint)
+        raise UserError(f"could not save to --out {args.out}: {exc.strerror or exc}") from None
     summary = {"out": str(args.out), "steps": metrics["train"]["steps"], "final_loss": metrics["train"]["final_loss"]}
     if "eval" in metrics:
         summary["mean_tokens_per_cycle"] = metrics["eval"]["mean_tokens_per_cycle"]

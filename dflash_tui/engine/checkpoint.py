@@ -14,7 +14,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import mlx.core as mx
 
@@ -57,6 +57,14 @@ def staged_checkpoint(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def write_safetensors(path: Path, arrays: dict[str, mx.array], metadata: Optional[dict[str, str]] = None) -> None:
+    """mx.save_safetensors, whose failure to write (a full disk, a folder gone) is a RuntimeError: an OSError here."""
+    try:
+        mx.save_safetensors(str(path), arrays, **({"metadata": metadata} if metadata else {}))
+    except RuntimeError as exc:
+        raise OSError(f"could not write {path.name}: {str(exc).splitlines()[0] if str(exc) else 'failed'}") from None
+
+
 def save_sharded(weights: dict[str, mx.array], out_dir: Path, shard_bytes: int = SHARD_BYTES) -> list[str]:
     """mlx-lm's layout: model.safetensors, or model-0000i-of-0000n.safetensors + an index."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,7 +85,7 @@ def save_sharded(weights: dict[str, mx.array], out_dir: Path, shard_bytes: int =
     ]
     weight_map = {}
     for name, shard in zip(names, shards):
-        mx.save_safetensors(str(out_dir / name), shard, metadata={"format": "mlx"})
+        write_safetensors(out_dir / name, shard, {"format": "mlx"})
         weight_map.update({k: name for k in shard})
     index = out_dir / INDEX
     if len(shards) > 1:

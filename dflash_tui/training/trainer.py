@@ -26,7 +26,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from dflash_tui.engine.checkpoint import staged_checkpoint
+from dflash_tui.engine.checkpoint import staged_checkpoint, write_safetensors
 from dflash_tui.engine.draft import DFlashDraft, DraftConfig, load_draft, save_draft
 from dflash_tui.engine.target import Target
 from dflash_tui.errors import UserError
@@ -270,8 +270,8 @@ def batch_stream(data: Sequences, cfg: TrainConfig, skip: int) -> Iterator[tuple
 def save_state(out_dir: Path, draft: DFlashDraft, optimizer: optim.Optimizer, step: int, total: int, cfg: TrainConfig) -> None:
     d = out_dir / STATE_DIR
     d.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(d / "draft.safetensors"), dict(tree_flatten(draft.parameters())))
-    mx.save_safetensors(str(d / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    write_safetensors(d / "draft.safetensors", dict(tree_flatten(draft.parameters())))
+    write_safetensors(d / "optimizer.safetensors", dict(tree_flatten(optimizer.state)))
     tmp = d / "state.json.tmp"
     tmp.write_text(json.dumps({"step": step, "total": total, "config": asdict(cfg)}, indent=2))
     tmp.replace(d / "state.json")
