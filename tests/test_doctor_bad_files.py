@@ -93,6 +93,17 @@ def test_a_bad_count_or_size_in_config_json_is_a_fail_naming_the_key(tmp_path, q
         assert loader_fails(target)
 
 
+def test_a_field_the_architecture_needs_and_the_file_lacks_is_a_fail(tmp_path, qwen3_dirs, capsys):
+    # doctor's own facts do without it (a context is optional to them); mlx-lm's qwen3 settings require it
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target", max_position_embeddings=...)
+    assert loader_fails(target)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    assert rc == 1 and not err, out + err
+    line = fail_line(out, "architecture")
+    assert "cannot read its config.json" in line and "max_position_embeddings" in line, line
+    assert "everything fits" not in out
+
+
 def test_every_bad_key_is_named_at_once(tmp_path, qwen3_dirs, capsys):
     target = copy_with(qwen3_dirs["target"], tmp_path / "target", hidden_size="64", vocab_size=None, num_hidden_layers=0)
     rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
@@ -202,9 +213,11 @@ def test_a_draft_tensor_whose_shape_does_not_match_its_bytes_is_a_fail(tmp_path,
 
 
 def test_a_context_not_stated_is_not_shown_as_some_other_figure(tmp_path, qwen3_dirs, capsys, monkeypatch):
-    # (mlx-lm's qwen3 needs max_position_embeddings; other architectures default it: the memory
-    # figures are then for --tokens alone, and nothing claims a context the config does not give)
-    target = copy_with(qwen3_dirs["target"], tmp_path / "target", max_position_embeddings=...)
+    # mlx-lm's qwen3 needs max_position_embeddings (a FAIL: the test above); llama's defaults it, so the
+    # tiny target read as a llama one: the memory figures are then for --tokens alone, and nothing
+    # claims a context the config does not give
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target", max_position_embeddings=..., model_type="llama",
+                       architectures=["LlamaForCausalLM"])
     rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]), "--tokens", "512")
     assert "context not stated in config.json" in out and "context 0" not in out
     assert "at the model's context" not in out and "the whole context fits" not in out

@@ -135,9 +135,14 @@ def _mlx_lm_support(folder) -> Check:
     if cfg.get("model_file"):
         return Check("architecture", None, "the checkpoint ships its own model code: it runs only with --trust-remote-code")
     try:
-        _get_classes(config=cfg)
+        _model, args_class = _get_classes(config=cfg)
     except Exception as exc:
         return Check("architecture", False, f"mlx-lm {mlx_lm.__version__} cannot build it: {exc}")
+    try:  # its settings as mlx_lm.load reads them: a field the architecture needs and the file lacks fails here
+        args_class.from_dict(cfg)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Check("architecture", False, f"mlx-lm {mlx_lm.__version__} cannot read its config.json: {first}")
     return Check("architecture", True, f"model_type {cfg.get('model_type')} (mlx-lm {mlx_lm.__version__})")
 
 
