@@ -194,6 +194,24 @@ def test_a_tensor_whose_shape_does_not_match_its_bytes_is_a_fail_naming_it(tmp_p
     assert loader_fails(target)
 
 
+def test_a_tensor_of_a_dtype_mlx_does_not_load_is_a_fail(tmp_path, qwen3_dirs, capsys):
+    target = copy_with(qwen3_dirs["target"], tmp_path / "target")
+    shard = target / "model.safetensors"
+    named = []
+
+    def doubles(header):  # F64 takes twice the bytes of F32: a tensor of half as many elements keeps its offsets
+        name = next(n for n in header if n != "__metadata__" and header[n]["dtype"] == "F32"
+                    and header[n]["shape"] and header[n]["shape"][0] % 2 == 0)
+        named.append(name)
+        header[name]["dtype"], header[name]["shape"][0] = "F64", header[name]["shape"][0] // 2
+
+    rewrite_header(shard, doubles)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(qwen3_dirs["draft"]))
+    assert rc == 1 and not err, out + err
+    assert f"model.safetensors: tensor {named[0]!r} is F64, which MLX does not load" in fail_line(out, "target files")
+    assert loader_fails(target)
+
+
 def test_a_tensor_past_the_end_of_its_file_is_a_fail(tmp_path, qwen3_dirs, capsys):
     target = copy_with(qwen3_dirs["target"], tmp_path / "target")
     shard = target / "model.safetensors"

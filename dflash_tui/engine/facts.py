@@ -19,9 +19,10 @@ from typing import Any, Optional
 from dflash_tui.engine.config_values import REQUIRED, ConfigReader, is_whole, shorten
 from dflash_tui.engine.draft import DraftConfig, DraftLoadError
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
-               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
-               "C64": 8}
+# the safetensors dtypes MLX loads (mx.load), and their sizes; the format's others MLX refuses
+DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2,
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E8M0": 1, "C64": 8}
+NOT_LOADED = {"F64", "F8_E5M2"}
 MAX_HEADER = 256 * 1024 * 1024  # a header longer than this is not a safetensors file
 DRAFT_BYTES = 2  # load_pair loads the draft in bfloat16: weights and cache
 STATE_BYTES = 4  # mlx-lm keeps the Gated DeltaNet recurrent state in float32
@@ -146,6 +147,8 @@ def _tensor(file: str, name: str, info: Any, data: int) -> Tensor:
     if not isinstance(info, dict):
         raise CheckpointError(f"{where} has a malformed entry")
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if dtype in NOT_LOADED:
+        raise CheckpointError(f"{where} is {dtype}, which MLX does not load")
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise CheckpointError(f"{where} has an unknown dtype ({dtype!r:.40})")
     if not isinstance(shape, list) or not all(is_whole(d) and d >= 0 for d in shape):
