@@ -192,13 +192,15 @@ class AcceptanceFigures(Widget):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return 3
 
-    def _first_line(self, narrow: bool) -> list[tuple[str, str]]:
-        """Tokens per cycle, acceptance, cycles and target-only steps, as (text, "value" | "label")."""
-        s, tpc, acc = self.stats, self.stats.tokens_per_cycle, self.stats.acceptance
-        cycles = (" cycle" if s.cycles == 1 else " cycles") if not narrow else " cyc"
-        alone = (f"  +{s.target_steps} target-only" if not narrow else f" +{s.target_steps} alone") if s.target_steps else ""
-        return [(f"{tpc:.2f}" if tpc is not None else "—", "value"), (" tok/cycle  " if not narrow else " tok/cyc ", "label"),
-                (f"{100 * acc:.0f}%" if acc is not None else "—", "value"), (" accepted  " if not narrow else " acc ", "label"),
+    def _first_line(self, level: int) -> list[tuple[str, str]]:
+        """Tokens per cycle, acceptance, cycles and target-only steps, as (text, "value" | "label"); level 0:
+        in words, 1: short labels, 2: symbols (τ, c), for a pane of about 20 columns."""
+        s, tpc, acc, n = self.stats, self.stats.tokens_per_cycle, self.stats.acceptance, self.stats.target_steps
+        cycles = (" cycle" if s.cycles == 1 else " cycles", " cyc", "c")[level]
+        alone = (f"  +{n} target-only", f" +{n} alone", f" +{n}")[level] if n else ""
+        tpc_label, acc_label = ((" tok/cycle  ", " accepted  "), (" tok/cyc ", " acc "), ("τ ", " "))[level]
+        return [(f"{tpc:.2f}" if tpc is not None else "—", "value"), (tpc_label, "label"),
+                (f"{100 * acc:.0f}%" if acc is not None else "—", "value"), (acc_label, "label"),
                 (str(s.cycles), "value"), (cycles + alone, "label")]
 
     def render(self) -> Text:
@@ -207,12 +209,14 @@ class AcceptanceFigures(Widget):
         value = self.get_component_rich_style("figures--value")
         bars = self.get_component_rich_style("figures--bar")
         axis = self.get_component_rich_style("figures--axis")
-        narrow = self.size.width < 50
         text = Text(no_wrap=True, overflow="ellipsis")
-        # the long labels where the whole line fits, else the short ones (a figure is never cut off)
-        first = self._first_line(False)
-        if narrow or sum(len(part) for part, _ in first) > self.size.width:
-            narrow, first = True, self._first_line(True)
+        # the longest labels with which the whole line fits (a figure is never cut off)
+        level = 1 if self.size.width < 50 else 0
+        first = self._first_line(level)
+        while level < 2 and sum(len(part) for part, _ in first) > self.size.width:
+            level += 1
+            first = self._first_line(level)
+        narrow = level > 0
         for part, kind in first:
             text.append(part, value if kind == "value" else label)
         text.append("\n")
