@@ -223,9 +223,10 @@ class AcceptanceFigures(Widget):
         head = 13 if not narrow else 5
         rates = s.position_rates()
         text.append("per position".ljust(head) if not narrow else "pos".ljust(head), label)
+        fits = lambda n, scale: head + n + len(scale) <= self.size.width  # noqa: E731 (the axis goes where it would cut the bars)
         if rates:
             text.append("".join(bar(r) for r in rates), bars)
-            text.append(f" 1…{len(rates)}", axis)
+            text.append(f" 1…{len(rates)}" if fits(len(rates), f" 1…{len(rates)}") else "", axis)
         else:
             text.append("no cycles yet", axis)
         text.append("\n")
@@ -234,7 +235,7 @@ class AcceptanceFigures(Widget):
         if lengths and max(lengths):
             top = max(lengths)
             text.append("".join(bar(c / top) if c else " " for c in lengths), bars)
-            text.append(f" 0…{len(lengths) - 1}", axis)
+            text.append(f" 0…{len(lengths) - 1}" if fits(len(lengths), f" 0…{len(lengths) - 1}") else "", axis)
         else:
             text.append("no cycles yet", axis)
         return text
