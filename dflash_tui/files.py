@@ -74,6 +74,14 @@ def atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
+def check_writable(folder: Path) -> None:
+    """Make and remove a file in `folder`: OSError where none can be written there (read-only, no
+    permission, a full disk), told before a long run rather than after it."""
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-check-", suffix=TEMP_SUFFIX)
+    os.close(fd)
+    os.unlink(probe)
+
+
 def _umask() -> int:
     mask = os.umask(0o022)  # reading it sets it: put it back at once (done once, at import)
     os.umask(mask)

@@ -25,6 +25,7 @@ import mlx.core as mx
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done, cycle_counts
 from dflash_tui.engine.loading import Pair
+from dflash_tui.engine.target import finish_stream_generate
 from dflash_tui.errors import UserError
 
 
@@ -40,15 +41,6 @@ class RunFigures:
     counts: dict[str, int] = field(default_factory=dict)
     phases_ms: dict[str, float] = field(default_factory=dict)  # per cycle
     block_sizes: dict[int, int] = field(default_factory=dict)
-
-
-def finish_stream_generate() -> None:
-    """Wait for the step `mlx_lm.stream_generate` leaves in flight when its reader stops (it starts
-    the next token's forward before yielding this one): left running, it is timed with whatever
-    comes next, and on sharded ranks its collectives pair up with the next forward's (the sums mix)."""
-    from mlx_lm.generate import generation_stream
-
-    mx.synchronize(generation_stream)
 
 
 def run_baseline(pair: Pair, prompt: list[int], max_tokens: int) -> RunFigures:

@@ -32,9 +32,10 @@ from typing import Any, Optional, Union
 
 import mlx.core as mx
 
-from dflash_tui.bench.compare import finish_stream_generate, fresh_turn
+from dflash_tui.bench.compare import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.loading import Pair, load_pair
+from dflash_tui.engine.target import finish_stream_generate
 
 
 @dataclass

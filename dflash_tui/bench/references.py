@@ -48,7 +48,7 @@ def vanilla_step_ms(model: Any, tokenizer: Any, prompt: list[int], tokens: int) 
     """Median time between tokens of `mlx_lm.stream_generate` (prefill excluded)."""
     import mlx_lm
 
-    from dflash_tui.bench.compare import finish_stream_generate
+    from dflash_tui.engine.target import finish_stream_generate
 
     gaps = _yield_gaps_ms(mlx_lm.stream_generate(model, tokenizer, mx.array(prompt), max_tokens=tokens), skip=3)
     finish_stream_generate()  # its last step is not the next measurement's

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from dflash_tui.commands.common import (
@@ -20,7 +19,7 @@ from dflash_tui.commands.common import (
 )
 from dflash_tui.commands.generate import is_utf8
 from dflash_tui.errors import UserError
-from dflash_tui.files import TEMP_SUFFIX, Refused, read_regular_file, write_new_file
+from dflash_tui.files import Refused, check_writable, read_regular_file, write_new_file
 
 ALONE = "bench times the target alone already, next to DFlash"
 
@@ -110,12 +109,10 @@ def check_out(path: Path) -> None:
         raise UserError(f"--out: {path} is a folder; name a new file")
     if os.path.lexists(path):
         raise UserError(f"--out: already exists: {path}")
-    try:  # a read-only folder, one the user may not write to, a full disk
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.stem}.", suffix=TEMP_SUFFIX)
+    try:
+        check_writable(folder)
     except OSError as exc:
         raise UserError(f"--out: cannot write in {folder}: {exc.strerror or exc}") from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def write_report(path: Path, text: str) -> None:

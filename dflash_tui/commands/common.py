@@ -129,9 +129,9 @@ def add_block_size_argument(parser: "argparse._ActionsContainer", default: Optio
                              f"(default: {default_text})")
 
 
-def block_size_problem(text: Union[str, int], alone: str) -> Optional[str]:
-    """Why `text` is not a block size by the one rule (the rule; for 1, also `alone`: where this command runs
-    the target alone), or None where it is one."""
+def block_size_problem(text: Union[str, int], alone: str, own: int = 0) -> Optional[str]:
+    """Why `text` is not a block size by the one rule (the rule, naming the draft's `own` size where it is
+    known; for 1, also `alone`: where this command runs the target alone), or None where it is one."""
     from dflash_tui.config import VALIDATORS, BadValue
 
     try:
@@ -142,7 +142,7 @@ def block_size_problem(text: Union[str, int], alone: str) -> Optional[str]:
             one = int(str(text).strip()) == 1
         except ValueError:
             one = False
-        return BLOCK_SIZE_RULE + (f"; 1 drafts nothing: {alone}" if one else "")
+        return BLOCK_SIZE_RULE + (f" ({own})" if own else "") + (f"; 1 drafts nothing: {alone}" if one else "")
 
 
 def parse_block_size(text: Union[str, int, None], alone: str) -> Union[int, str, None]:

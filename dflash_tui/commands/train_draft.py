@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -189,10 +187,10 @@ def _steps_done(state_file: Path) -> Optional[int]:
 def make_out(out: Path) -> None:
     """Create --out and make sure a file can be written there, before any work: a read-only place is one
     line now, not a traceback after the replies are regenerated."""
+    from dflash_tui.files import check_writable
+
     try:
         out.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".write-check-")
-        os.close(fd)
-        os.unlink(probe)
+        check_writable(out)
     except OSError as exc:
         raise UserError(f"cannot write to --out {out}: {exc.strerror or exc}") from None

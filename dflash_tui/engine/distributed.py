@@ -131,9 +131,9 @@ class Ranks:
         """Wait for anything still running on mlx-lm's generation stream: its `stream_generate`
         leaves the next step's forward in flight, and collectives of two streams running at once
         pair up wrongly across the ranks (the sums mix, the ranks silently diverge)."""
-        from mlx_lm.generate import generation_stream
+        from dflash_tui.engine.target import finish_stream_generate
 
-        mx.synchronize(generation_stream)
+        finish_stream_generate()
         mx.synchronize()
 
     def shared_seed(self, seed: Optional[int]) -> int:

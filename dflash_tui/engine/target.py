@@ -26,6 +26,15 @@ _capturing_classes: dict[type, type] = {}
 PIPELINE_TOKENS = 16  # forwards this short (cycles, not prefill) are evaluated layer group by layer group
 
 
+def finish_stream_generate() -> None:
+    """Wait for the step `mlx_lm.stream_generate` leaves in flight when its reader stops (it starts
+    the next token's forward before yielding this one): left running, it is timed with whatever
+    comes next, and on sharded ranks its collectives pair up with the next forward's (the sums mix)."""
+    from mlx_lm.generate import generation_stream
+
+    mx.synchronize(generation_stream)
+
+
 def pipelining_wanted() -> bool:
     """On where the device runs apart from Python (a GPU): there the first layers run while
     Python still builds the rest."""

@@ -168,11 +168,9 @@ class RemoteClient:
         if old is None or old.kind != "dflash":
             return False
         try:
-            new = self.connect(REFRESH_TIMEOUT_S)
+            new = self._served(REFRESH_TIMEOUT_S)
         except RemoteError:  # down, changed or slow: the turn itself says so
-            self.info = old
             return False
-        self.info = old
         if (new.model, new.draft, new.block_size, new.default_block) != (old.model, old.draft, old.block_size,
                                                                         old.default_block):
             new.target_alone_tps = new.dflash_probe_tps = None
@@ -180,12 +178,16 @@ class RemoteClient:
         old.target_alone_tps, old.dflash_probe_tps = new.target_alone_tps, new.dflash_probe_tps
         return changed
 
-    def connect(self, timeout: Optional[float] = None) -> ServerInfo:
+    def connect(self) -> ServerInfo:
         """Ask the server what it serves (GET /v1/models); RemoteError in one line if it cannot be used."""
+        self.info = self._served()
+        return self.info
+
+    def _served(self, timeout: Optional[float] = None) -> ServerInfo:
+        """What GET /v1/models says the server serves (RemoteError in one line if it cannot be used)."""
         r = self._get("/v1/models", timeout)
         if r.status_code >= 500 and self.target.model:  # a server whose list is broken can still chat
-            self.info = ServerInfo(self.url, self.target.model, "openai")
-            return self.info
+            return ServerInfo(self.url, self.target.model, "openai")
         if r.status_code in (401, 403):
             raise RemoteError(f"{self.url} wants an API key (--api-key, or api_key in config.toml): "
                               f"{_error_message(r.content)}")
@@ -227,7 +229,6 @@ class RemoteClient:
             info.dflash_probe_tps = _rate(probe.get("dflash_tps")) if info.target_alone_tps else None
         else:
             info.has_metrics = self._counters() is not None
-        self.info = info
         return info
 
     def _counters(self) -> Optional[dict[str, float]]:

@@ -223,10 +223,13 @@ class AcceptanceFigures(Widget):
         head = 13 if not narrow else 5
         rates = s.position_rates()
         text.append("per position".ljust(head) if not narrow else "pos".ljust(head), label)
-        fits = lambda n, scale: head + n + len(scale) <= self.size.width  # noqa: E731 (the axis goes where it would cut the bars)
+
+        def axis_text(n: int, scale: str) -> str:  # the axis only where it does not cut the bars
+            return scale if head + n + len(scale) <= self.size.width else ""
+
         if rates:
             text.append("".join(bar(r) for r in rates), bars)
-            text.append(f" 1…{len(rates)}" if fits(len(rates), f" 1…{len(rates)}") else "", axis)
+            text.append(axis_text(len(rates), f" 1…{len(rates)}"), axis)
         else:
             text.append("no cycles yet", axis)
         text.append("\n")
@@ -235,7 +238,7 @@ class AcceptanceFigures(Widget):
         if lengths and max(lengths):
             top = max(lengths)
             text.append("".join(bar(c / top) if c else " " for c in lengths), bars)
-            text.append(f" 0…{len(lengths) - 1}" if fits(len(lengths), f" 0…{len(lengths) - 1}") else "", axis)
+            text.append(axis_text(len(lengths), f" 0…{len(lengths) - 1}"), axis)
         else:
             text.append("no cycles yet", axis)
         return text

@@ -76,9 +76,8 @@ def _setting(key: str, label: str) -> Callable[[ChatControls, str], Awaitable[No
             if key == "block_size":  # one rule in the same words everywhere (--block-size, serve, /block 17)
                 from dflash_tui.commands.common import block_size_problem
 
-                own = f" ({app.draft_block_size})" if app.draft_block_size else ""
-                rule, _, one = block_size_problem(arg, "/baseline runs the target alone").partition(";")
-                words = f"{arg.strip()[:20]} refused: {rule}{own}" + (f";{one}" if one else "")
+                problem = block_size_problem(arg, "/baseline runs the target alone", app.draft_block_size)
+                words = f"{arg.strip()[:20]} refused: {problem}"
             app.notify(f"{label} {words}", title=f"/{_NAME_OF[key]}", severity="error")
             return
         refused = app.refuse_setting(key, value)
