@@ -1,6 +1,6 @@
 """Ctrl+C to `dflash-tui serve` while requests run: a real server, real openai clients in processes
 of their own, a real SIGINT. Each open request ends with one short error, the log has no traceback,
-and the server is gone well inside uvicorn's 3 s grace period, with the status of an idle Ctrl+C."""
+and uvicorn never waits out its 3 s grace period (it cancels nothing), with the status of an idle Ctrl+C."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -78,9 +77,7 @@ def test_ctrl_c_ends_running_and_waiting_requests_with_one_error_each(qwen3_dirs
             assert first.poll() is None and health(s)["running"] == 1
 
             s.proc.send_signal(signal.SIGINT)
-            sent = time.monotonic()
             status = s.proc.wait(timeout=30)
-            took = time.monotonic() - sent
             got = {mode: result(p) for mode, p in zip((running, waiting), clients)}
         finally:
             for p in clients:
@@ -89,7 +86,9 @@ def test_ctrl_c_ends_running_and_waiting_requests_with_one_error_each(qwen3_dirs
                     p.wait()
         log = s.log()
     assert status == 0, log  # as Ctrl+C with nothing running
-    assert took < 3.0, f"{took:.1f} s: uvicorn waited out its grace period\n{log}"
+    # uvicorn says so where it waited out its grace period and cancelled what still ran (not a timing: a
+    # loaded machine stretches a quick stop past the 3 s as well)
+    assert "timeout graceful shutdown exceeded" not in log, log
     assert "Traceback" not in log and "ERROR" not in log and "CancelledError" not in log, log
     assert log.rstrip().splitlines()[-1] == "dflash-tui serve: stopped", log
     # plain: a 503 whose message says why; streamed: the stream's own error event, not a dropped connection
