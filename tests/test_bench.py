@@ -248,9 +248,12 @@ def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verif
     armed = []
     arm = gdn_tape.arm
     monkeypatch.setattr(gdn_tape, "arm", lambda cache, mode="auto": armed.append(mode) or arm(cache, mode))
-    assert verify_parts.main(["--shape", "tiny-hybrid", "tiny-4bit", "--rows", "4", "--chain", "2", "--reps", "1"]) == 0
+    assert verify_parts.main(["--shape", "tiny-hybrid", "tiny-4bit", "--rows", "4", "--chain", "2", "--reps", "1",
+                              "--verify", "batched", "steps"]) == 0
     rows = json.loads(capsys.readouterr().out)
     got = {(r["shape"], r["layer"], r["part"]) for r in rows}
+    # every part is timed once per verify mode
+    assert sorted(r["verify"] for r in rows) == sorted(["batched", "steps"] * len(got))
     mlp = {"mlp", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
     attention = {"self_attn", "layer", *(f"self_attn.{p}_proj" for p in "qkvo")} | mlp
     gdn = {"linear_attn", "layer", *(f"linear_attn.{p}" for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",

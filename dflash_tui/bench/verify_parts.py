@@ -85,7 +85,8 @@ def layer_parts(layer: nn.Module, cache: Any) -> dict[str, tuple[Callable[[mx.ar
 
 def as_verify(fn: Callable[[mx.array], Any], target: Any, cache: Any) -> Callable[[mx.array], Any]:
     """fn as the engine's verify runs it: in its verify scope, a Gated DeltaNet cache armed."""
-    record = bool(getattr(target, "recorded", None)) and not hasattr(cache, "offset")  # a hybrid's linear layer
+    # a hybrid's linear layer (the head has no cache)
+    record = bool(getattr(target, "recorded", None)) and cache is not None and not hasattr(cache, "offset")
 
     def run(x: mx.array) -> Any:
         if record:
@@ -99,7 +100,8 @@ def as_verify(fn: Callable[[mx.array], Any], target: Any, cache: Any) -> Callabl
     return run
 
 
-def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: mx.Dtype) -> list[dict[str, Any]]:
+def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: mx.Dtype,
+            modes: tuple[str, ...] = ("batched",)) -> list[dict[str, Any]]:
     target, draft = build(shape, 5, dtype)
     state = DecodeState(target, draft)
     state.prefill(random_prompt(target.vocab_size, context))
@@ -114,26 +116,32 @@ def profile(shape: str, context: int, rows: int, chain: int, reps: int, dtype: m
         i = ids[0]
         restore = put_back(cache[i])
         for name, (fn, dims, cached) in layer_parts(target.layers[i], cache[i]).items():
-            row: dict[str, Any] = {"shape": shape, "context": context, "layer": kind, "part": name}
-            try:
-                for n in (1, rows):
-                    xs = [mx.random.normal((1, n, dims)).astype(dtype) for _ in range(chain)]
-                    run = fn if n == 1 else as_verify(fn, target, cache[i])
-                    ms = chained_ms(run, xs, reps, restore if cached else (lambda: None))
-                    row[f"ms_{n}"] = ms
-                    row[f"ms_{n}_x_layers"] = ms * len(ids)
-                row["ratio"] = row[f"ms_{rows}"] / row["ms_1"]
-            except Exception as exc:  # one part failing must not lose the others
-                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-            out.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-    head: dict[str, Any] = {"shape": shape, "context": context, "layer": "head", "part": "head"}
-    for n in (1, rows):
-        xs = [mx.random.normal((1, n, hidden)).astype(dtype) for _ in range(chain)]
-        head[f"ms_{n}"] = head[f"ms_{n}_x_layers"] = chained_ms(target.head, xs, reps)
-    head["ratio"] = head[f"ms_{rows}"] / head["ms_1"]
-    out.append(head)
-    print(json.dumps(head), file=sys.stderr, flush=True)
+            for mode in modes:
+                row: dict[str, Any] = {"shape": shape, "context": context, "layer": kind, "part": name,
+                                       "verify": mode}
+                try:
+                    for n in (1, rows):
+                        xs = [mx.random.normal((1, n, dims)).astype(dtype) for _ in range(chain)]
+                        target.use_step_rows(mode == "steps")
+                        run = fn if n == 1 else as_verify(fn, target, cache[i])
+                        ms = chained_ms(run, xs, reps, restore if cached else (lambda: None))
+                        row[f"ms_{n}"] = ms
+                        row[f"ms_{n}_x_layers"] = ms * len(ids)
+                    row["ratio"] = row[f"ms_{rows}"] / row["ms_1"]
+                except Exception as exc:  # one part failing must not lose the others
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+                out.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    for mode in modes:
+        target.use_step_rows(mode == "steps")
+        head: dict[str, Any] = {"shape": shape, "context": context, "layer": "head", "part": "head", "verify": mode}
+        for n in (1, rows):
+            xs = [mx.random.normal((1, n, hidden)).astype(dtype) for _ in range(chain)]
+            fn = target.head if n == 1 else as_verify(target.head, target, None)
+            head[f"ms_{n}"] = head[f"ms_{n}_x_layers"] = chained_ms(fn, xs, reps)
+        head["ratio"] = head[f"ms_{rows}"] / head["ms_1"]
+        out.append(head)
+        print(json.dumps(head), file=sys.stderr, flush=True)
     return out
 
 
@@ -145,9 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain", type=int, default=8, help="calls evaluated at once per timing")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--verify", choices=["batched", "steps"], nargs="+", default=["batched"],
+                   help="the verify's rows together (the engine's way) and/or as decode steps (MLX CUDA)")
     args = p.parse_args(argv)
     rows = [r for shape in args.shape for ctx in args.context
-            for r in profile(shape, ctx, args.rows, args.chain, args.reps, getattr(mx, args.dtype))]
+            for r in profile(shape, ctx, args.rows, args.chain, args.reps, getattr(mx, args.dtype),
+                                     tuple(args.verify))]
     print(json.dumps(rows, indent=1))
     return 0
 
