@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 from dflash_tui.engine.events import Done, Prefill
 from dflash_tui.errors import UserError
-from dflash_tui.figure_rules import finish_words, tokens_words
+from dflash_tui.figure_rules import reply_summary  # noqa: F401 (a reply's figures: sessions and the export read them here)
 from dflash_tui.files import TooBig, read_regular_file
 from dflash_tui.model_names import model_label
 from dflash_tui.session_schema import FORMAT, ROLES, SCHEMA_VERSION, check_session
@@ -239,28 +239,6 @@ def cut_title(title: str) -> str:
     """At most TITLE_CHARS characters, a cut one ending in "…": the app's titles, and how a list shows one
     (a file edited by hand may hold a longer one)."""
     return title if len(title) <= TITLE_CHARS else title[: TITLE_CHARS - 1].rstrip() + "…"
-
-
-def reply_summary(done: Optional[Done]) -> str:
-    """One line of figures for a reply: tokens, tokens per cycle, acceptance, speed."""
-    if done is None:
-        return ""
-    s = done.stats
-    n = s.get("generated_tokens", len(done.tokens))
-    parts = [tokens_words(n)]
-    if n == 0:
-        pass  # stopped before its first token: no mode ran
-    elif s.get("mode") == "dflash" and s.get("cycles") == 0:
-        parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
-    elif s.get("mode") == "dflash":
-        parts.append(f"{s.get('tokens_per_cycle', 0.0):.2f} tokens/cycle")
-        parts.append(f"acceptance {100 * s.get('acceptance', 0.0):.0f}%")
-    elif s.get("mode") == "baseline":
-        parts.append("target only")
-    if s.get("decode_tps"):
-        parts.append(f"{s['decode_tps']:.1f} tok/s")
-    parts.append(finish_words(done.finish_reason, s))
-    return " · ".join(p for p in parts if p)
 
 
 def first_prefill(message: Message) -> Optional[Prefill]:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,7 @@ from conftest import demo_pair_bundled
 from dflash_tui.cli import main
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.events import Done, Error, Prefill
-from dflash_tui.session_record import reply_summary
-from dflash_tui.ui.turns import reply_footer
+from dflash_tui.figure_rules import reply_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,10 +58,10 @@ def test_a_reply_ends_where_the_context_is_full(qwen3_pair, monkeypatch, baselin
     assert isinstance(done, Done)
     assert len(done.tokens) == 5 and done.finish_reason == "length"  # 40 without the cap: it went past the context
     assert done.stats["context_full"] is True
-    assert reply_footer(done.stats, done.finish_reason).endswith(" · context full")  # not "hit max tokens"
-    assert reply_summary(done).endswith(" · context full")
+    assert reply_summary(done).endswith(" · context full")  # not "hit max tokens"
     short = list(Conversation(qwen3_pair).generate("hi", GenerationSettings(max_tokens=2, baseline=baseline)))[-1]
-    assert "context_full" not in short.stats and reply_footer(short.stats, "length").endswith("hit max tokens")
+    assert "context_full" not in short.stats
+    assert reply_summary(replace(short, finish_reason="length")).endswith("hit max tokens")
     assert len(conv.state.tokens) <= n + 5
 
 

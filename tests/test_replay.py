@@ -249,10 +249,10 @@ async def test_replayed_replies_have_the_live_chats_footers():
     shown in replay: played, and shown whole when jumped past)."""
     from dflash_tui.ui.chat_view import AssistantMessage
     from dflash_tui.ui.replay_screen import ReplayApp
-    from dflash_tui.ui.turns import reply_footer
+    from dflash_tui.figure_rules import reply_summary
 
     session = trace_session()
-    wanted = [reply_footer(m.done().stats, m.done().finish_reason) for m in session.replies()]
+    wanted = [reply_summary(m.done()) for m in session.replies()]
     app = ReplayApp(session, paused=True, theme="textual-dark")
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()

@@ -335,7 +335,7 @@ def test_rename_delete_and_exports(tmp_path):
     md = export_text(store.load(s.id), "markdown")
     assert md.startswith("---\ntitle: \"A better title\"\n") and "\n# A better title\n" in md
     assert "## You" in md and "answer 0" in md
-    assert "3.00 tokens/cycle" in md
+    assert "3.00 tok/cycle" in md  # the reply's figures, in the chat's words
     out = store.export(store.load(s.id), "json")
     assert out == tmp_path / "exports" / f"{s.id}.json"
     assert SessionStore(tmp_path / "other").load(out) == store.load(s.id)

@@ -152,24 +152,63 @@ def test_an_ambiguous_prefix_counts_only_readable_sessions(store, capsys):
 
 
 def test_a_reply_with_no_cycle_drafted_has_no_cycle_figures():
-    """A reply's figure line (footer, replay, `sessions show`): tokens per cycle is never 0.00."""
+    """A reply's figure line (footer, replay, `sessions show`, export): tokens per cycle is never 0.00."""
     from dflash_tui.engine.events import Done
-    from dflash_tui.session_record import reply_summary
+    from dflash_tui.figure_rules import reply_summary
 
     drafted = Done([5, 6, 7], "abc", "stop", {"mode": "dflash", "generated_tokens": 3, "cycles": 1,
                                                "tokens_per_cycle": 3.0, "acceptance": 0.5, "decode_tps": 9.0})
     alone = Done([5], "a", "stop", {"mode": "dflash", "generated_tokens": 1, "cycles": 0,
                                      "tokens_per_cycle": 0.0, "acceptance": 0.0, "decode_tps": 0.0})
-    assert "3.00 tokens/cycle" in reply_summary(drafted) and "acceptance 50%" in reply_summary(drafted)
+    assert "3.00 tok/cycle · 50% accepted" in reply_summary(drafted)
     line = reply_summary(alone)
-    assert "target only" in line and "tokens/cycle" not in line and "acceptance" not in line
-    from dflash_tui.ui.turns import reply_footer  # the chat's and the replay's footer
-
-    footer = reply_footer(alone.stats, alone.finish_reason)
-    assert "target only" in footer and "tok/cycle" not in footer and "accepted" not in footer
-    assert reply_footer(drafted.stats, "length").endswith("hit max tokens")
+    assert "target only" in line and "tok/cycle" not in line and "accepted" not in line
     assert reply_summary(Done([5], "a", "length", dict(drafted.stats))).endswith("hit max tokens")
     # one token is "1 token"; a DFlash turn stopped before its first token ran no mode: it says only that
-    assert footer.startswith("1 token · ") and reply_summary(alone).startswith("1 token · ")
+    assert line.startswith("1 token · ")
     unborn = Done([], "", "cancelled", {"mode": "dflash", "generated_tokens": 0, "cycles": 0})
-    assert reply_footer(unborn.stats, "cancelled") == "0 tokens · stopped" == reply_summary(unborn)
+    assert reply_summary(unborn) == "0 tokens · stopped"
+
+
+# -- 4. a reply reads the same in the app, in `sessions show` and in the export -----------------------
+FIGURES = [  # (tokens, finish, the Done's stats) -> the words under the reply, as the chat writes them
+    (([5, 6, 7], "stop", {"mode": "dflash", "generated_tokens": 3, "cycles": 1, "tokens_per_cycle": 3.0,
+                          "acceptance": 0.5, "decode_tps": 9.0}),
+     "3 tokens · 3.00 tok/cycle · 50% accepted · 9.0 tok/s"),
+    (([], "stop", {"mode": "remote", "generated_tokens": 40, "cycles": 16, "tokens_per_cycle": 2.5,
+                   "acceptance": 0.6, "ttft_s": 0.12, "decode_tps": 31.0}),
+     "40 tokens · 2.50 tok/step · 60% accepted · ttft 0.12 s · 31.0 tok/s"),
+    (([], "length", {"mode": "remote", "generated_tokens": 12, "ttft_s": 0.3, "decode_tps": 20.0}),
+     "12 tokens · no speculative figures · ttft 0.30 s · 20.0 tok/s · hit max tokens"),
+    # a file without the engine's token count: the reply's token ids count
+    (([5, 6], "cancelled", {"mode": "baseline", "decode_tps": 8.0}), "2 tokens · target only · 8.0 tok/s · stopped"),
+]
+
+
+@pytest.mark.anyio
+async def test_a_reply_reads_the_same_in_the_app_in_show_and_in_the_export(store, capsys):
+    from dflash_tui.engine.events import Done, event_to_dict
+    from dflash_tui.sessions import export_text
+    from dflash_tui.ui.chat_view import AssistantMessage
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    s = store.new("org/target-8B", "org/draft", {"temperature": 0.0})
+    for n, ((tokens, finish, stats), _) in enumerate(FIGURES):
+        s.add_message("user", f"question {n}")
+        s.add_message("assistant", f"answer {n}", [{"t": 0.01, **event_to_dict(Done(tokens, f"answer {n}", finish, stats))}])
+    store.save(s)
+    wanted = [words for _, words in FIGURES]
+    app = ReplayApp(store.load(s.id), paused=True, theme="textual-dark")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("i", "space")  # played, instantly
+        for _ in range(100):
+            if app.screen.player.finished:
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(0.1)
+        shown = [str(b.query_one(".message-footer").render()) for b in app.screen.query(AssistantMessage)]
+    assert shown == wanted
+    rc, out, _err = _run(capsys, "sessions", "show", s.id)
+    assert rc == 0 and [line.strip() for line in out.splitlines() if line.startswith("  (")] == [f"({w})" for w in wanted]
+    md = export_text(store.load(s.id), "markdown")
+    assert [line for line in md.splitlines() if line.startswith("*") and " · " in line] == [f"*{w}*" for w in wanted]

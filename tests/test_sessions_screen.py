@@ -113,7 +113,7 @@ async def test_exports_markdown_and_json(tmp_path):
         await pilot.pause()
     md = (tmp_path / "exports" / "s0.md").read_text()
     assert md.startswith("---\ntitle: \"session number 0\"") and "\n# session number 0\n" in md
-    assert "## Assistant" in md and "tokens/cycle" in md
+    assert "## Assistant" in md and "tok/cycle" in md
     assert SessionStore(tmp_path / "x").load(tmp_path / "exports" / "s0.json").id == "s0"
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from dflash_tui.engine.events import Block
+from dflash_tui.figure_rules import reply_summary
 from dflash_tui.session_tree import Message, engine_view, system_of
 from dflash_tui.ui.chat_view import MessageBlock, UserMessage
 from dflash_tui.ui.prompt import PromptBox, message_text, prompt_text
-from dflash_tui.ui.turns import reply_footer
 from dflash_tui.ui.worker import Restore
 
 # the pair goes together, whichever of the two is focused
@@ -51,9 +51,7 @@ class Branching:
             if m.role == "user":
                 self.chat.add_user(m.content, m.id or None, siblings)
             elif m.role == "assistant":
-                done = m.done()
-                footer = reply_footer(done.stats, done.finish_reason) if done else ""
-                self.chat.add_assistant(m.content, footer, m.id or None, siblings)
+                self.chat.add_assistant(m.content, reply_summary(m.done()), m.id or None, siblings)
             elif m.role == "system":
                 self.chat.add_system(m.content, m.id or None)
 

@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from dflash_tui.engine.events import Block, Done, Error, Prefill
-from dflash_tui.figure_rules import measures_target_alone
+from dflash_tui.figure_rules import measures_target_alone, reply_summary
 from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
@@ -26,7 +26,7 @@ from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.plain_notify import PlainNotify
-from dflash_tui.ui.turns import REPLY_SETTINGS, reply_footer
+from dflash_tui.ui.turns import REPLY_SETTINGS
 
 TICK_S = 1 / 30  # the screen asks the player what is due this often
 
@@ -289,9 +289,8 @@ class ReplayScreen(PlainNotify, Screen[None]):
 
 
 def footer_of(message) -> str:
-    """A reply's footer in the live chat's words (ui/turns.reply_footer), from its recorded Done."""
-    done = message.done()
-    return reply_footer(done.stats, done.finish_reason) if done is not None else ""
+    """A reply's footer in the live chat's words (figure_rules.reply_summary), from its recorded Done."""
+    return reply_summary(message.done())
 
 
 def recorded_settings(session: Session) -> dict:

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any, Optional
 
-from dflash_tui.figure_rules import finish_words, tokens_words
+from dflash_tui.figure_rules import reply_summary
 from dflash_tui.sessions import TraceRecorder
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.chat_view import AssistantHandle, AssistantMessage, Note, UserMessage
@@ -30,33 +30,6 @@ QUIT_WAIT_S = 5.0  # ctrl+q while a reply streams: the longest the app waits for
 
 # a reply's settings its recorded stats keep beside the engine's own (which has temperature and seed)
 REPLY_SETTINGS = ("max_tokens", "top_p", "top_k", "min_p")
-
-
-def reply_footer(stats: dict[str, Any], finish_reason: str) -> str:
-    n = stats.get("generated_tokens", 0)
-    parts = [tokens_words(n)]
-    if n == 0:
-        pass  # stopped before its first token: no mode ran
-    elif stats.get("mode") == "dflash" and stats.get("cycles") == 0:
-        parts.append("target only (no cycle drafted)")  # tokens per cycle is never below 1 where there is one
-    elif stats.get("mode") == "dflash":
-        parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/cycle")
-        parts.append(f"{100 * stats.get('acceptance', 0):.0f}% accepted")
-    elif stats.get("mode") == "remote":
-        if stats.get("cycles"):
-            parts.append(f"{stats.get('tokens_per_cycle', 0):.2f} tok/step")
-            if "acceptance" in stats:
-                parts.append(f"{100 * stats['acceptance']:.0f}% accepted")
-        else:
-            parts.append("no speculative figures")
-        if stats.get("ttft_s") is not None:
-            parts.append(f"ttft {stats['ttft_s']:.2f} s")
-    else:
-        parts.append("target only")
-    if stats.get("decode_tps"):
-        parts.append(f"{stats['decode_tps']:.1f} tok/s")
-    parts.append(finish_words(finish_reason, stats))
-    return " · ".join(p for p in parts if p)
 
 
 class TurnStreaming:
@@ -214,7 +187,7 @@ class TurnStreaming:
         ran = {k: self._turn_settings[k] for k in REPLY_SETTINGS if k in self._turn_settings}
         self._recorder.add(replace(ev, stats={**ev.stats, **ran, **({"baseline_tps": self.baseline_tps}
                                                                     if self.baseline_tps else {})}))
-        self._handle.finish(ev.text, reply_footer(ev.stats, ev.finish_reason))
+        self._handle.finish(ev.text, reply_summary(ev))
         self.acceptance.show_reported(ev.stats)
         self.acceptance.show_figures()
         self._end_turn()
