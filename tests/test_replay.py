@@ -361,3 +361,94 @@ async def test_the_peak_memory_is_the_reply_in_views_from_its_start():
         await pilot.pause(0.1)
         assert app.screen.player.current_message == 4
         assert f"{fmt_bytes(peaks[0])} peak" in _meter_text(app), _meter_text(app)
+
+
+# -- a reply that failed (an error, no Done) -----------------------------------------------------------
+def _with_a_failed_reply(index: int) -> Session:
+    """The recorded session with reply `index` broken off after four cycles: an error and no Done, as a
+    stream that broke off mid-reply ends (a DFlash reply's prefill and first cycles, then the error)."""
+    from dflash_tui.engine.events import Error
+
+    session = trace_session()
+    part = [dict(e) for e in session.messages[6].trace[:5]]
+    assert [e["type"] for e in part] == ["prefill"] + ["block"] * 4
+    reply = session.messages[index]
+    reply.trace = part + [{"t": part[-1]["t"] + 0.01, **event_to_dict(Error("the server's stream is broken"))}]
+    reply.content = "".join(e["text"] for e in part[1:])
+    return session
+
+
+def _meter_whole(app) -> str:
+    """The meter as it reads: its head (tok/s) and body."""
+    return "\n".join(str(w.render()) for w in app.screen.meter.query("MeterText"))
+
+
+async def test_a_failed_reply_played_leaves_the_figures_before_it_and_says_so():
+    """Played through, a reply that failed measured nothing: the meter goes back to the reply before it
+    (as the live meter did), figures and settings, and says the reply in view failed."""
+    from dflash_tui.ui.figure_text import fmt_rate
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = _with_a_failed_reply(6)
+    before = session.messages[4].done().stats  # the target-only reply
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await pilot.press("n", "n", "n", "n", "n", "n", "right", "right")  # two cycles into the failed reply
+        await pilot.pause(0.1)
+        meter = app.screen.meter
+        assert meter.state.generating and "this turn" in _meter_whole(app) and not meter.border_subtitle
+        await _play_to_the_end(app, pilot)
+        text = _meter_whole(app)
+        assert not meter.state.generating, text
+        assert f"{fmt_rate(before['decode_tps'])} tok/s last turn" in text, text
+        assert "target only" in text.splitlines()[-1], text  # its settings too (block 1)
+        assert meter.border_subtitle == "reply failed: figures from before"
+
+
+async def test_jumps_around_a_failed_reply_say_whose_figures_the_meter_shows():
+    """Jumped to, a reply in view that failed has no figures: the meter shows the ones before it and
+    says so; the reply before it in view, or the next one played, and it says nothing of the kind."""
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    app = ReplayApp(_with_a_failed_reply(4), paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        meter = app.screen.meter
+        await pilot.press("n", "n", "n", "n", "n")  # the message after the failed reply
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 5
+        body = _meter_text(app)
+        assert "5.08 tokens/cycle" in body and "block 16 " in body, body  # the first reply's
+        assert meter.border_subtitle == "reply failed: figures from before"
+        await pilot.press("p")  # the failed reply from its start: the first reply in view
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 4
+        assert "5.08 tokens/cycle" in _meter_text(app) and not meter.border_subtitle
+        await pilot.press("right")  # its first cycle: its own figures, streaming
+        await pilot.pause(0.1)
+        assert meter.state.generating and not meter.border_subtitle
+        await _play_to_the_end(app, pilot)  # past it, the last reply's figures
+        assert "7.55 tokens/cycle" in _meter_text(app) and not meter.border_subtitle, _meter_text(app)
+        await pilot.press("p")  # the last reply from its start: the failed one in view again
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 6
+        assert "5.08 tokens/cycle" in _meter_text(app), _meter_text(app)
+        assert meter.border_subtitle == "reply failed: figures from before"
+    app = ReplayApp(_with_a_failed_reply(2), paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:  # the first reply failed: nothing before it
+        await pilot.pause()
+        await pilot.press("n", "n", "n")
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 3
+        assert "— tok/s" in _meter_whole(app) and app.screen.meter.border_subtitle == "reply failed: no figures"
+    session = trace_session()
+    session.messages[4].trace = None  # a reply kept as text alone (a session continued on another engine)
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await pilot.press("n", "n", "n", "n", "n")  # the message after it
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 5
+        assert "5.08 tokens/cycle" in _meter_text(app), _meter_text(app)
+        assert app.screen.meter.border_subtitle == "none recorded: figures from before"

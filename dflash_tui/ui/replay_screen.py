@@ -21,7 +21,7 @@ from dflash_tui.figure_rules import measures_target_alone, reply_summary
 from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
-from dflash_tui.sessions import Session
+from dflash_tui.sessions import Message, Session
 from dflash_tui.ui.acceptance import AcceptanceView
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
@@ -80,6 +80,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
         self._busy = False  # a jump is rebuilding the views
         self._status = ""
         self._pending_text = ""  # reply text not yet handed to the chat view
+        self._figures_from: Optional[Message] = None  # the reply whose Done the meter's turn figures are from
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="replay-main"):
@@ -151,10 +152,13 @@ class ReplayScreen(PlainNotify, Screen[None]):
         message = self.session.messages[cue.message]
         if cue.kind == "message":
             self._add_whole(cue.message)
+            if message.role == "assistant":
+                self._say_whose(message)  # a reply recorded without its events: no figures of its own
         elif cue.kind == "start":
             self._handle = self.chat.start_assistant(markdown_interval=None)  # no engine to make room for
             self._pending_text = ""
             self.acceptance.reset()
+            self._say_whose(None)  # the reply in view is this one, its figures streaming
             done = message.done()
             self.meter.set_settings(reply_settings(self.session, message))  # those this reply ran with
             if done is not None:
@@ -169,14 +173,34 @@ class ReplayScreen(PlainNotify, Screen[None]):
             elif isinstance(ev, Done):
                 self._baseline_of(ev)
                 self.meter.on_done(ev)
+                self._figures_from = message
+                self._say_whose(message)
                 self.acceptance.show_reported(ev.stats)  # a remote reply's figures, as it showed them
             elif isinstance(ev, Error):
                 self.chat.add_note(ev.message, "error")
+                # as the live meter: a failed reply measured nothing, so the figures before it stay, with
+                # the settings of the reply they are from (as a jump to here shows them)
+                self.meter.on_failed()
+                self.meter.set_settings(reply_settings(self.session, self._figures_from))
+                self.acceptance.show_figures()
+                self._say_whose(message)
         elif cue.kind == "end":
             if self._handle is not None:
                 self._handle.finish(cue.text, footer_of(message))
                 self._handle = None
                 self._pending_text = ""
+
+    def _say_whose(self, reply: Optional[Message]) -> None:
+        """Under the meter, where the reply in view has no figures of its own (it failed, or was recorded
+        without them), that the figures shown are those before it, or that there are none."""
+        words = ""
+        if reply is not None and reply.done() is None:
+            failed = any(e.get("type") == "error" for e in reply.trace or [])
+            if self._figures_from is not None:
+                words = ("reply failed" if failed else "none recorded") + ": figures from before"
+            else:
+                words = "reply failed: no figures" if failed else "no figures recorded"
+        self.meter.border_subtitle = words
 
     def _baseline_of(self, done: Done) -> None:
         """The target-alone figure the live meter divided by at this reply, where the session has it."""
@@ -222,14 +246,19 @@ class ReplayScreen(PlainNotify, Screen[None]):
             self.acceptance.reset()
             self.meter.reset_turns()
             shown = None  # the last reply whose figures the meter shows: its settings go beside them
+            in_view = None  # the last reply shown, figures or not
             for i in range(index):
                 self._add_whole(i)
-                done = self.session.messages[i].done()
+                m = self.session.messages[i]
+                in_view = m if m.role == "assistant" else in_view
+                done = m.done()
                 if done is not None:
                     self._baseline_of(done)
                     self.meter.on_done(done)  # the meter's per-turn figures up to here
-                    shown = self.session.messages[i]
+                    shown = m
             self.meter.set_settings(reply_settings(self.session, shown))
+            self._figures_from = shown
+            self._say_whose(in_view)
         finally:
             self._busy = False
         self._show_status()
