@@ -4,9 +4,12 @@ Markdown follows the branch in view (or the one asked for). Its front matter
 holds the model and draft (by name, never an install path), the settings, the
 dates and every reply's figures (τ, acceptance, tok/s); in the text, a reply
 that is bare code is fenced with its language, and a fence without a language
-gets one. Control characters are made visible, never written raw. JSON is the
-session file itself (every branch), a session file of one branch, or one
-message with its trace.
+gets one. A message you typed (and the system prompt, and the title) reads as
+typed once rendered: its markup is escaped outside code (markdown_text.literal).
+A reply stays Markdown, but its raw HTML shows as text and a fence it left open
+is closed, so no message can hide the ones after it. Control characters are
+made visible, never written raw. JSON is the session file itself (every
+branch), a session file of one branch, or one message with its trace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import re
 from typing import Any, Optional
 
+from dflash_tui.markdown_text import heading_text, literal, reply_markdown
 from dflash_tui.model_names import model_label
 from dflash_tui.printable import one_line, printable, terminal_json
 from dflash_tui.session_record import Session, reply_summary
@@ -168,7 +172,8 @@ def fenced(text: str) -> str:
 
 # -- Markdown ------------------------------------------------------------------------------------
 def _message_markdown(m: Message) -> list[str]:
-    text = fenced(m.content) if m.role == "assistant" else m.content
+    # typed text reads as typed; a reply is rendered as the Markdown it is, its raw HTML escaped and its fence closed
+    text = reply_markdown(fenced(m.content)) if m.role == "assistant" else literal(m.content)
     if m.role == "system" and not text:
         text = "*(system prompt cleared)*"
     lines = [f"## {ROLE_NAMES[m.role]}", "", text, ""]
@@ -182,7 +187,7 @@ def to_markdown(session: Session, messages: Optional[list[Message]] = None) -> s
     """The branch in view (or `messages`) as Markdown with YAML front matter."""
     whole = messages is None
     messages = session.messages if messages is None else messages
-    lines = [f"# {one_line(session.title or 'untitled')}", ""]
+    lines = [f"# {heading_text(one_line(session.title or 'untitled'))}", ""]
     tpc = session.tokens_per_cycle() if whole else None
     if tpc is not None:
         lines += [f"*{tpc:.2f} tokens per cycle over the session*", ""]

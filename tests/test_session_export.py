@@ -115,3 +115,69 @@ def test_cli_export_by_prefix_of_a_message_and_a_branch(tmp_path, monkeypatch, c
     assert main(["sessions", "show", "exp"]) == 0
     out = capsys.readouterr().out
     assert "‹ 2/2 ›" in out and "m6" in out  # where a message has siblings, and the ids to export by
+
+
+# -- what a Markdown viewer shows ----------------------------------------------------------------
+TYPED = ["what does <div> do?", "<!-- a comment left open", "AT&T, &amp; and &#60; as typed",
+         "*not emphasis*, _nor this_, snake_case_name", "[a link](http://x.y) ![an image](z.png)",
+         "# not a heading\n> not a quote\n- not a list\n1. not a list either\n+ nor this\n===",
+         "a \\* backslash, C:\\dir\\ and a line's end\\", "| a | b |\n|---|---|\n~~not struck~~ $5 and $6",
+         "see https://example.com/a_(b)_c*d*. now"]
+
+
+def _rendered(md: str) -> tuple[str, str]:
+    """The export's body as commonmark renders it: its HTML, and the text a reader sees."""
+    import html
+    import re
+
+    from markdown_it import MarkdownIt
+
+    out = MarkdownIt("commonmark").render(md[4:].partition("\n---\n")[2])
+    return out, html.unescape(re.sub(r"<[^>]+>", "", out.replace("<br />\n", "\n")))
+
+
+def test_typed_text_reads_as_typed_and_no_message_hides_the_ones_after_it():
+    s = Session(id="exp-2", title="<!-- C# <b>", created="2025-05-01T09:00:00+00:00",
+                updated="2025-05-01T09:05:00+00:00", target="demo", draft=None, settings={}, device="cpu")
+    s.add_message("system", "be <em>brief</em>")
+    for typed in TYPED:
+        s.add_message("user", typed)
+        s.add_message("assistant", "ok", _trace("ok"))
+    s.add_message("user", "code: `<b>` stays code\n```html\n<script>x()</script>\n```")
+    s.add_message("assistant", "Use <b>bold</b>, **this** and `<i>`, <https://x.y>.\n\n<pre>\n<!-- left open", _trace("r"))
+    s.add_message("user", "and an open fence\n```\nstill typed")
+    s.add_message("assistant", "Cut short:\n\n```python\ndef f(<x>):", _trace("c"))
+    s.add_message("user", "the last word")
+    out, text = _rendered(export_text(s, "md"))
+    lines = [ln.strip() for ln in text.split("\n") if ln.strip()]
+    for typed in TYPED + ["be <em>brief</em>"]:
+        got = [ln.strip() for ln in typed.split("\n")]
+        assert any(lines[i:i + len(got)] == got for i in range(len(lines))), typed  # every line, as typed
+    assert lines[0] == "<!-- C# <b>"  # the title too
+    assert "<code>&lt;b&gt;</code> stays code" in out and '<code class="language-html">&lt;script&gt;' in out
+    # a reply stays Markdown; its raw HTML shows as text; a fence it left open ends with it
+    assert "Use &lt;b&gt;bold&lt;/b&gt;, <strong>this</strong> and <code>&lt;i&gt;</code>" in out
+    assert '<a href="https://x.y">https://x.y</a>' in out and "&lt;!-- left open" in out
+    assert "<pre><code>still typed\n</code></pre>" in out and "def f(&lt;x&gt;):\n</code></pre>" in out
+    user_turns = len(TYPED) + 3
+    assert out.count("<h2>You</h2>") == user_turns and out.count("<h2>Assistant</h2>") == user_turns - 1
+    assert out.endswith("<h2>You</h2>\n<p>the last word</p>\n")  # nothing before it swallowed it
+
+
+def test_any_typed_text_renders_as_typed():
+    import random
+
+    from dflash_tui.markdown_text import literal
+
+    rng = random.Random(7)
+    pieces = list("<>&#*_[]()!\\-+=|$:.;/? \tab1") + ["<div>", "<!--", "-->", "&amp;", "&#60;", "1. ", "- ", "\n",
+                                                     "\n\n", "a_b", "<?", "<![CDATA[", "[x]: /u", "    "]
+    for _ in range(300):
+        typed = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        s = Session(id="t", title="t", created="", updated="", target="demo", draft=None, settings={}, device="cpu")
+        s.add_message("user", typed)
+        s.add_message("user", "after")
+        _, text = _rendered(export_text(s, "md"))
+        shown = [ln.strip() for ln in text.split("\n") if ln.strip()]
+        assert shown == ["t", "You"] + [ln.strip() for ln in typed.split("\n") if ln.strip()] + ["You", "after"], \
+            (typed, literal(typed))
