@@ -55,9 +55,9 @@ def test_token_text_is_made_visible():
     assert visible_token("abcdefghijklmnop") == "abcdefghi…"
 
 
-def _styled(strip) -> list[tuple[str, str]]:
-    """(text, which cell style) for a row strip, by comparing with the component styles."""
-    return [(seg.text.strip(), seg.style) for seg in strip if seg.text.strip()]
+def _styled(lines) -> list[tuple[str, str]]:
+    """(text, which cell style) for a row's lines, by comparing with the component styles."""
+    return [(seg.text.strip(), seg.style) for line in lines for seg in line if seg.text.strip()]
 
 
 async def test_rows_mark_accepted_rejected_target_and_dimmed():
@@ -74,13 +74,13 @@ async def test_rows_mark_accepted_rejected_target_and_dimmed():
         rows: AcceptanceRows = view.rows
         st = rows.get_component_rich_style
         acc, rej, own, dim = (st(f"acceptance--{n}") for n in ("accepted", "rejected", "target", "dimmed"))
-        plain, partial, full, cut, kept_end = (_styled(rows._row_strip(i)) for i in range(5))
+        plain, partial, full, cut, kept_end = (_styled(rows._row_lines(i)) for i in range(5))
         assert plain[-1] == ("⏎", own)  # nothing drafted: just the target's token
         cells = partial[2:]  # after the index and the count
         assert partial[1][0] == "2/4"
         assert cells == [("a", acc), ("·b", acc), ("c", rej), ("X", own), ("d", dim)]
         # the target's own token sits right against the rejected proposal
-        texts = "".join(seg.text for seg in rows._row_strip(1))
+        texts = "".join(seg.text for line in rows._row_lines(1) for seg in line)
         assert "c" + "X" in texts
         assert full[2:] == [("a", acc), ("·b", acc), ("c", acc), ("d", own)]  # all kept, plus the bonus token
         end = st("acceptance--end")
@@ -167,13 +167,15 @@ async def test_the_pane_says_in_words_when_the_sizer_runs_the_target_alone():
         assert not view.note.display
 
 
-def test_the_legend_swatches_stand_apart():
+@pytest.mark.parametrize("which,words", [(0, ["kept", "rejected", "target", "unused"]),
+                                         (1, ["kept", "rej", "tgt", "unused"]), (2, ["kept", "rej", "tgt"])])
+def test_the_legend_swatches_stand_apart(which, words):
     from textual.content import Content
 
-    from dflash_tui.ui.acceptance import LEGEND
+    from dflash_tui.ui.acceptance import LEGENDS
 
-    legend = Content.from_markup(LEGEND)
-    assert legend.plain.split() == ["kept", "rejected", "target", "unused"]
+    legend = Content.from_markup(LEGENDS[which])
+    assert legend.plain.split() == words
     # every swatch with a background is padded inside its colour, and a plain space lies between two spans
     coloured = sorted((s.start, s.end) for s in legend.spans if " on " in str(s.style))
     assert len(coloured) == 3
@@ -215,3 +217,33 @@ async def test_the_figures_line_is_never_cut_off():
                 assert len(bars) <= width and (bars.endswith(" 1…15") or "…" not in bars), (width, bars)
             widths.add("tok/cycle" in first and 2 or "tok/cyc" in first and 1 or first.split()[0].endswith("τ") and 0)
     assert widths == {0, 1, 2}  # every label set was exercised: words, short labels, symbols
+
+
+async def test_bars_wider_than_the_pane_go_on_under_their_label():
+    """A draft of 32 (31 positions, 32 kept lengths) in a 20-column pane: the bars went 16 past its edge."""
+    async with PanesApp().run_test(size=(64, 30)) as pilot:
+        view = pilot.app.query_one(AcceptanceView)
+        view.add_blocks([Block(i, list(range(31)), i % 32, list(range(i % 32 + 1)), "x") for i in range(1, 65)])
+        await pilot.pause()
+        width, lines = view.figures.size.width, view.figures.render().plain.split("\n")
+        assert width == 20 and len(lines) > 3, lines
+        assert all(len(line) <= width for line in lines), lines
+        assert view.figures.region.height == len(lines)  # laid out to its lines, none hidden under the rows
+        pos = lines[1:lines.index(next(ln for ln in lines if ln.startswith("len")))]
+        assert pos[0].startswith("pos") and all(not ln[:5].strip() for ln in pos[1:])  # continued under the bars
+        assert sum(len(ln[5:]) for ln in pos) == 31 and max(len(ln) for ln in pos) - min(len(ln) for ln in pos) <= 1
+
+
+@pytest.mark.parametrize("cols,counted", [(160, False), (64, True)])
+async def test_a_row_past_two_lines_counts_its_unused_proposals(cols, counted):
+    """Wide, a cycle's unused proposals are drawn (two lines); narrow, they are counted, so the kept run, the
+    rejected proposal and the target's token stay in a few lines (five lines shown, in a 22-column pane)."""
+    async with PanesApp().run_test(size=(cols, 30)) as pilot:
+        view = pilot.app.query_one(AcceptanceView)
+        view.set_decoder(lambda t: f"w{t:02d}")
+        view.add_blocks([Block(1, list(range(1, 16)), 2, [1, 2, 30], "x")])
+        await pilot.pause()
+        drawn = ["".join(s.text for s in view.rows.render_line(y)) for y in range(view.rows.virtual_size.height)]
+        text = " ".join(drawn)
+        assert ("12 unused" in text) == counted and ("w15" in text) != counted, drawn
+        assert "w01 w02 w03w30" in text and len(drawn) <= 2 + counted, drawn

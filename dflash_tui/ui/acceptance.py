@@ -3,24 +3,28 @@
 One row per cycle: the drafted tokens as cells, the accepted prefix
 highlighted, the first rejected proposal struck through with the target's own
 token right after it, and the proposals after it dimmed. Reading the
-highlighted cells left to right gives the text the cycle emitted. Above the
+highlighted cells left to right gives the text the cycle emitted. A row goes on
+over as many lines as the pane's width needs (acceptance_layout.py). Above the
 rows: running figures for the turn.
 
 Rows are drawn through the line API (only the visible lines are rendered, each
-row's strip is cached) and blocks arrive in batches, so fast generation costs
+row's lines are cached) and blocks arrive in batches, so fast generation costs
 a few repaints a second, never one per token.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Union
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any, Callable, Optional, Union
 
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.content import Content
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
@@ -30,6 +34,8 @@ from textual.widgets import Static
 
 from dflash_tui.engine.block_sizer import EXPLORE
 from dflash_tui.engine.events import Block
+from dflash_tui.ui.acceptance_layout import Unit, bar_chunks, wrap_row
+from dflash_tui.ui.acceptance_stats import AcceptanceStats, text_only
 from dflash_tui.ui.throttle import Throttle
 
 MAX_ROWS = 500
@@ -44,7 +50,9 @@ Decoder = Callable[[int], str]
 # each coloured swatch padded and set apart, so the four words never run together
 LEGEND = ("[$text on $success 30%] kept [/] [$text-muted strike on $error 35%] rejected [/] "
           "[$text bold on $accent 45%] target [/] [$text-disabled]unused[/]")
-ALONE_SHOWN = 4  # target-alone steps in a row before the pane says drafting does not pay
+# narrower panes: short words, then without "unused" (the dimmed cells need no swatch), then none
+LEGENDS = (LEGEND, LEGEND.replace(" rejected ", " rej ").replace(" target ", " tgt "),
+           LEGEND.replace(" rejected ", " rej ").replace(" target ", " tgt ").replace(" [$text-disabled]unused[/]", ""))
 ALONE_NOTE = f"drafting does not pay here: target alone, re-checking every {EXPLORE} steps"
 REMOTE_WAIT = "this server streams text only: its speculative figures, if it reports any, come when the reply ends"
 REMOTE_NONE = "this server reports no speculative decoding"
@@ -57,12 +65,6 @@ class CountRow:
     index: int
     accepted: int
     drafted: int
-
-
-def text_only(b: Block) -> bool:
-    """A streamed piece of a server's text: text with no token ids and nothing drafted; not a row.
-    (An engine block with no tokens has no text either: a step cut at the token limit, shown as the end.)"""
-    return bool(b.text) and not b.drafted and not b.emitted and not b.eos
 
 
 def reported_note(stats: dict[str, Any]) -> Optional[str]:
@@ -93,86 +95,6 @@ def bar(fraction: Optional[float]) -> str:
     return BARS[max(1, round(fraction * (len(BARS) - 1)))] if fraction > 0 else "▁"
 
 
-# -- running figures ---------------------------------------------------------------
-@dataclass
-class AcceptanceStats:
-    """Running figures over the blocks seen since the last reset (pure, no Textual)."""
-
-    cycles: int = 0  # blocks with something drafted
-    target_steps: int = 0  # steps the target ran alone for a token: blocks with nothing drafted after the first
-    drafted: int = 0
-    accepted: int = 0
-    cycle_tokens: int = 0  # tokens emitted by the DFlash cycles
-    position_drafted: list[int] = field(default_factory=list)  # [k-1]: cycles that drafted position k
-    position_accepted: list[int] = field(default_factory=list)  # [k-1]: cycles that accepted position k
-    accepted_lengths: list[int] = field(default_factory=list)  # [a]: cycles that accepted exactly a
-    alone_run: int = 0  # target-alone steps in a row after the first token (the block sizer's choice)
-    drafted_run: int = 0  # drafted cycles in a row
-    # the sizer runs the target alone: set after ALONE_SHOWN such steps, cleared once two drafted cycles in
-    # a row show drafting pays again (its single re-checks in between leave it set)
-    sizer_alone: bool = False
-
-    def add(self, blocks: Iterable[Block]) -> None:
-        for b in blocks:
-            n = len(b.drafted)
-            if n == 0 and text_only(b):
-                continue
-            if n == 0:
-                if b.index > 0:  # block 0 is the prefill's token, not a step
-                    self.target_steps += bool(b.emitted)  # a step cut at the token limit gave nothing
-                    self.alone_run, self.drafted_run = self.alone_run + 1, 0
-                    self.sizer_alone = self.sizer_alone or self.alone_run >= ALONE_SHOWN
-                continue
-            self.alone_run, self.drafted_run = 0, self.drafted_run + 1
-            if self.drafted_run >= 2:
-                self.sizer_alone = False
-            self._step(b.accepted, n, len(b.emitted))
-
-    def add_steps(self, steps: Iterable[tuple[int, int]]) -> None:
-        """Steps known only as (accepted, drafted) counts; each also gave the target's own token."""
-        for accepted, n in steps:
-            if n > 0:
-                self._step(min(accepted, n), n, min(accepted, n) + 1)
-
-    def add_totals(self, steps: int, accepted: int, drafted: Optional[int]) -> None:
-        """A server's totals for a reply, without its steps: the running figures, no profile."""
-        self.cycles += steps
-        self.accepted += accepted
-        self.drafted += drafted if drafted is not None else 0
-        self.cycle_tokens += steps + accepted
-
-    def _step(self, accepted: int, n: int, emitted: int) -> None:
-        self.cycles += 1
-        self.drafted += n
-        self.accepted += accepted
-        self.cycle_tokens += emitted
-        _grow(self.position_drafted, n)
-        _grow(self.position_accepted, n)
-        _grow(self.accepted_lengths, n + 1)
-        for k in range(n):
-            self.position_drafted[k] += 1
-        for k in range(min(accepted, n)):
-            self.position_accepted[k] += 1
-        self.accepted_lengths[min(accepted, n)] += 1
-
-    @property
-    def tokens_per_cycle(self) -> Optional[float]:
-        return self.cycle_tokens / self.cycles if self.cycles else None
-
-    @property
-    def acceptance(self) -> Optional[float]:
-        return self.accepted / self.drafted if self.drafted else None
-
-    def position_rates(self) -> list[Optional[float]]:
-        """How often position k (1-based, index k-1) of the block was accepted."""
-        return [a / d if d else None for a, d in zip(self.position_accepted, self.position_drafted)]
-
-
-def _grow(values: list[int], n: int) -> None:
-    if len(values) < n:
-        values.extend([0] * (n - len(values)))
-
-
 class AcceptanceFigures(Widget):
     """Tokens per cycle, acceptance rate, the per-position profile and the accepted-length histogram."""
 
@@ -190,7 +112,7 @@ class AcceptanceFigures(Widget):
         self.stats = stats
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return 3
+        return len(self._text(width).plain.split("\n"))
 
     def _first_line(self, level: int) -> list[tuple[str, str]]:
         """Tokens per cycle, acceptance, cycles and target-only steps, as (text, "value" | "label"); level 0:
@@ -204,6 +126,13 @@ class AcceptanceFigures(Widget):
                 (str(s.cycles), "value"), (cycles + alone, "label")]
 
     def render(self) -> Text:
+        return self._text(self.size.width)
+
+    def repaint(self) -> None:
+        """Redraw; lay the pane out again where the bars now take more or fewer lines."""
+        self.refresh(layout=len(self.render().plain.split("\n")) != self.size.height)
+
+    def _text(self, width: int) -> Text:
         s = self.stats
         label = self.get_component_rich_style("figures--label")
         value = self.get_component_rich_style("figures--value")
@@ -211,42 +140,37 @@ class AcceptanceFigures(Widget):
         axis = self.get_component_rich_style("figures--axis")
         text = Text(no_wrap=True, overflow="ellipsis")
         # the longest labels with which the whole line fits (a figure is never cut off)
-        level = 1 if self.size.width < 50 else 0
+        level = 1 if width < 50 else 0
         first = self._first_line(level)
-        while level < 2 and sum(len(part) for part, _ in first) > self.size.width:
+        while level < 2 and sum(len(part) for part, _ in first) > width:
             level += 1
             first = self._first_line(level)
-        narrow = level > 0
         for part, kind in first:
             text.append(part, value if kind == "value" else label)
-        text.append("\n")
-        head = 13 if not narrow else 5
-        rates = s.position_rates()
-        text.append("per position".ljust(head) if not narrow else "pos".ljust(head), label)
-
-        def axis_text(n: int, scale: str) -> str:  # the axis only where it does not cut the bars
-            return scale if head + n + len(scale) <= self.size.width else ""
-
-        if rates:
-            text.append("".join(bar(r) for r in rates), bars)
-            text.append(axis_text(len(rates), f" 1…{len(rates)}"), axis)
-        else:
-            text.append("no cycles yet", axis)
-        text.append("\n")
-        text.append("kept length".ljust(head) if not narrow else "len".ljust(head), label)
+        head = 13 if level == 0 else 5
         lengths = s.accepted_lengths
-        if lengths and max(lengths):
-            top = max(lengths)
-            text.append("".join(bar(c / top) if c else " " for c in lengths), bars)
-            text.append(axis_text(len(lengths), f" 0…{len(lengths) - 1}"), axis)
-        else:
-            text.append("no cycles yet", axis)
+        top = max(lengths, default=0)
+        profiles = [("per position", "pos", "".join(bar(r) for r in s.position_rates()), "1"),
+                    ("kept length", "len", "".join(bar(c / top) if c else " " for c in lengths) if top else "", "0")]
+        for name, short, shown, first_mark in profiles:
+            text.append("\n")
+            text.append((name if level == 0 else short).ljust(head), label)
+            if not shown:
+                text.append("no cycles yet", axis)
+                continue
+            chunks = bar_chunks(len(shown), head, width)  # bars that do not fit beside the label go on under it
+            for i, (a, b) in enumerate(chunks):
+                text.append(("\n" + " " * head if i else "") + shown[a:b], bars)
+            scale = f" {first_mark}…{len(shown) - 1 + int(first_mark)}"
+            if len(chunks) == 1 and head + len(shown) + len(scale) <= width:  # the axis only where it is whole
+                text.append(scale, axis)
         return text
 
 
 # -- the rows -------------------------------------------------------------------------
 class AcceptanceRows(ScrollView):
-    """One line per cycle, newest at the bottom; follows the end while you are there."""
+    """One cycle per row, newest at the bottom, over as many lines as the width needs; follows the end while you
+    are there."""
 
     COMPONENT_CLASSES = {
         "acceptance--index",
@@ -272,10 +196,12 @@ class AcceptanceRows(ScrollView):
         super().__init__(**kwargs)
         self.rows: deque[Union[Block, CountRow]] = deque(maxlen=max_rows)
         self.decoder: Optional[Decoder] = None
-        self._dropped = 0  # rows pushed out at the top; keys the strip cache by absolute row number
-        self._cache: dict[int, Strip] = {}
-        self._lines: dict[tuple[int, int, int], Strip] = {}  # cropped to the view: (row, scroll x, width)
-        self._width = 0
+        self._dropped = 0  # rows pushed out at the top; keys the caches by absolute row number
+        self._cache: dict[int, list[Strip]] = {}  # a row's lines, laid out to self._wrap columns
+        self._lines: dict[tuple[int, int, int], Strip] = {}  # a line as drawn: (row, line, width)
+        self._heights: deque[int] = deque()  # lines per row, in step with self.rows
+        self._starts: list[int] = [0]  # each row's first line, then the total
+        self._wrap = 0
         self._follow = True  # keep the newest row in view (until the user scrolls up)
 
     def set_decoder(self, fn: Optional[Decoder]) -> None:
@@ -284,10 +210,11 @@ class AcceptanceRows(ScrollView):
 
     def clear(self) -> None:
         self.rows.clear()
+        self._heights.clear()
+        self._starts = [0]
         self._dropped = 0
         self._cache.clear()
         self._lines.clear()
-        self._width = 0
         self.virtual_size = Size(0, 0)
         self._follow = True
         if self.is_mounted:
@@ -300,12 +227,13 @@ class AcceptanceRows(ScrollView):
             return
         for b in blocks:
             if len(self.rows) == self.rows.maxlen:
-                self._cache.pop(self._dropped, None)  # its cropped lines age out with the size cap below
+                self._cache.pop(self._dropped, None)  # its drawn lines age out with the size cap below
+                self._heights.popleft()
                 self._dropped += 1
             self.rows.append(b)
-            if self.is_mounted:  # component styles exist only once mounted; on_mount measures the rest
-                self._width = max(self._width, self._row_strip(self._dropped + len(self.rows) - 1).cell_length)
-        self.virtual_size = Size(self._width, len(self.rows))
+            # component styles exist only once mounted; on_mount lays out the rest
+            self._heights.append(len(self._row_lines(self._dropped + len(self.rows) - 1)) if self.is_mounted else 1)
+        self._count_lines()
         if self._follow and self.is_mounted:
             self._to_end()
         self.refresh()
@@ -322,6 +250,8 @@ class AcceptanceRows(ScrollView):
             self._follow = False  # the user scrolled up: stay put (a clamp after a resize is not the user)
 
     def on_resize(self) -> None:
+        if self._wrap_width() != self._wrap:
+            self._relayout()
         if self._follow:
             self._to_end()
 
@@ -338,12 +268,22 @@ class AcceptanceRows(ScrollView):
         self._cache.clear()  # a theme change recolours every row
         self._lines.clear()
 
+    def _wrap_width(self) -> int:
+        # one column kept for the scrollbar, shown or not, so that it coming never lays the rows out again
+        return max(1, self.size.width - 1) if self.size.width else 1 << 16
+
     def _relayout(self) -> None:
         self._cache.clear()
         self._lines.clear()
-        self._width = max((self._row_strip(self._dropped + i).cell_length for i in range(len(self.rows))), default=0)
-        self.virtual_size = Size(self._width, len(self.rows))
+        self._wrap = self._wrap_width()
+        self._heights.clear()
+        self._heights.extend(len(self._row_lines(self._dropped + i)) for i in range(len(self.rows)))
+        self._count_lines()
         self.refresh()
+
+    def _count_lines(self) -> None:
+        self._starts = [0, *accumulate(self._heights)]
+        self.virtual_size = Size(min(self._wrap, self.size.width), self._starts[-1])
 
     def _text(self, token: int) -> str:
         if self.decoder is None:
@@ -353,75 +293,67 @@ class AcceptanceRows(ScrollView):
         except Exception:  # a decoder that does not know an id: show the id
             return f"#{token}"
 
-    def _row_strip(self, number: int) -> Strip:
-        strip = self._cache.get(number)
-        if strip is None:
-            strip = self._cache[number] = self._build(self.rows[number - self._dropped])
-        return strip
+    def _row_lines(self, number: int) -> list[Strip]:
+        lines = self._cache.get(number)
+        if lines is None:
+            lines = self._cache[number] = [Strip(line) for line in wrap_row(*self._build(number), self._wrap)]
+        return lines
 
-    def _build(self, b: Union[Block, CountRow]) -> Strip:
-        st = self.get_component_rich_style
-        gap = Segment(" ")
-        segs = [Segment(f"{b.index:>4} ", st("acceptance--index"))]
+    def _build(self, number: int) -> tuple[list[Segment], list[Unit], list[Unit]]:
+        """Row `number`'s cycle number and count, its cells, and the proposals it left unused; a rejected
+        proposal and the target's token are one unit, drawn against each other."""
+        b, st = self.rows[number - self._dropped], self.get_component_rich_style
+        head = [Segment(f"{b.index:>4} ", st("acceptance--index"))]
         if isinstance(b, CountRow):  # counts only: one blank cell per drafted position, nothing to read
-            segs.append(Segment(f"{b.accepted:>2}/{b.drafted:<2} ", st("acceptance--count")))
-            cells = [Segment("   ", st("acceptance--accepted"))] * b.accepted
+            head.append(Segment(f"{b.accepted:>2}/{b.drafted:<2} ", st("acceptance--count")))
+            units = [[Segment("   ", st("acceptance--accepted"))] for _ in range(b.accepted)]
             if b.accepted < b.drafted:
-                cells.append(Segment(" ✗ ", st("acceptance--rejected")))
-            cells.append(Segment(" + ", st("acceptance--target")))  # the target's own token, unknown here
-            cells += [Segment(" · ", st("acceptance--dimmed"))] * max(0, b.drafted - b.accepted - 1)
-            return Strip(segs + [c for cell in cells for c in (cell, gap)])
+                units.append([Segment(" ✗ ", st("acceptance--rejected"))])
+            units.append([Segment(" + ", st("acceptance--target"))])  # the target's own token, unknown here
+            return head, units, [[Segment(" · ", st("acceptance--dimmed"))] for _ in range(b.drafted - b.accepted - 1)]
         n = len(b.drafted)
+        end = [Segment("⏹", st("acceptance--end"))]
         if n == 0:
-            segs.append(Segment("   · ", st("acceptance--count")))
+            head.append(Segment("   · ", st("acceptance--count")))
             if b.emitted and not b.eos:
-                segs += self._cells(b.emitted[:1], st("acceptance--target"))
-            else:
-                segs.append(Segment("⏹", st("acceptance--end")))  # the step that met EOS
-            return Strip(segs)
-        segs.append(Segment(f"{b.accepted:>2}/{n:<2} ", st("acceptance--count")))
+                return head, self._cells(b.emitted[:1], st("acceptance--target")), []
+            return head, [end], []  # the step that met EOS
+        head.append(Segment(f"{b.accepted:>2}/{n:<2} ", st("acceptance--count")))
         accepted = min(b.accepted, n)
-        cells: list[Segment] = []
-        cells += self._cells(b.drafted[:accepted], st("acceptance--accepted"))
+        units = self._cells(b.drafted[:accepted], st("acceptance--accepted"))
         if b.eos and len(b.emitted) <= accepted:  # the reply ended inside the kept run (an EOS the draft got right):
-            cells += [Segment("⏹", st("acceptance--end")), gap]  # nothing after it was rejected, only unused
-            return Strip(segs + cells + self._cells(b.drafted[accepted:], st("acceptance--dimmed")))
+            return head, units + [end], self._cells(b.drafted[accepted:], st("acceptance--dimmed"))  # none rejected
         own = b.emitted[accepted] if len(b.emitted) > accepted else None
         if own is not None and b.eos and accepted == len(b.emitted) - 1:
             own = None  # the target's own token ended the reply: shown as the end mark
         if accepted < n:
-            cells += self._cells(b.drafted[accepted:accepted + 1], st("acceptance--rejected"))
+            units += self._cells(b.drafted[accepted:accepted + 1], st("acceptance--rejected"))
         if own is not None:
-            if accepted < n:
-                cells.pop()  # the target's token sits right against the rejected one
-            cells += self._cells([own], st("acceptance--target"))
+            target = self._cells([own], st("acceptance--target"))[0]
+            if accepted < n:  # the target's token sits right against the rejected one
+                target = units.pop() + target
+            units.append(target)
         else:
-            cells += [Segment("⏹", st("acceptance--end")), gap]  # cut at EOS or the token limit
-        if accepted + 1 < n:
-            cells += self._cells(b.drafted[accepted + 1:], st("acceptance--dimmed"))
-        return Strip(segs + cells)
+            units.append(end)  # cut at EOS or the token limit
+        return head, units, self._cells(b.drafted[accepted + 1:], st("acceptance--dimmed"))
 
-    def _cells(self, tokens: list[int], style: Style) -> list[Segment]:
-        out = []
-        for t in tokens:
-            out.append(Segment(self._text(t), style))
-            out.append(Segment(" "))
-        return out
+    def _cells(self, tokens: list[int], style: Style) -> list[Unit]:
+        return [[Segment(self._text(t), style)] for t in tokens]
 
     def render_line(self, y: int) -> Strip:
-        scroll_x, scroll_y = self.scroll_offset
-        number = scroll_y + y
+        number = self.scroll_offset.y + y
         width = self.size.width
         base = self.rich_style
-        if number >= len(self.rows):
+        if number >= self._starts[-1]:
             return Strip.blank(width, base)
-        key = (self._dropped + number, scroll_x, width)
+        row = bisect_right(self._starts, number) - 1
+        key = (self._dropped + row, number - self._starts[row], width)
         line = self._lines.get(key)
         if line is None:
             if len(self._lines) > 4 * MAX_ROWS:
                 self._lines.clear()
-            strip = self._row_strip(key[0]).apply_style(base)
-            line = self._lines[key] = strip.crop_extend(scroll_x, scroll_x + width, base).simplify()
+            strip = self._row_lines(key[0])[key[1]].apply_style(base)
+            line = self._lines[key] = strip.crop_extend(0, width, base).simplify()
         return line
 
 
@@ -446,7 +378,7 @@ class AcceptanceView(Widget):
         self.mode = "dflash"  # "baseline": nothing is drafted on purpose; "remote": a server that streams text only
         self.message: Optional[str] = None  # what the pane says about a remote reply's figures
         self._note_text = ""
-        self._paint_figures = Throttle(self.figures.refresh, figures_interval, self._later)
+        self._paint_figures = Throttle(self.figures.repaint, figures_interval, self._later)
 
     def _later(self, delay: float, callback):
         return self.set_timer(delay, callback) if self.is_attached else None
@@ -456,9 +388,9 @@ class AcceptanceView(Widget):
         yield self.note
         yield self.rows
 
-    def on_mount(self) -> None:
-        if not self.border_subtitle:
-            self.border_subtitle = LEGEND
+    def on_resize(self) -> None:
+        room = self.outer_size.width - 6  # what Textual leaves a border label: corners and blanks kept
+        self.border_subtitle = next((k for k in LEGENDS if Content.from_markup(k).cell_length <= room), "")
 
     def add_blocks(self, blocks: list[Block]) -> None:
         """Add a batch of cycles: one repaint for the whole batch."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from textual import on
+from textual import events, on
 from textual.app import App, ComposeResult, SuspendNotSupported
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer
@@ -18,6 +18,7 @@ from dflash_tui.config import Config, LoadedConfig, load_config
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.acceptance import AcceptanceView
+from dflash_tui.ui.acceptance_layout import SIDE_BY_SIDE_MIN
 from dflash_tui.ui.branching import Branching, reply_for
 from dflash_tui.ui.chat_view import ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
@@ -154,6 +155,9 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
                 self.chat.add_note("No model loaded yet. Pick one (F3), or start with --model M --draft D, or --demo.")
                 self.call_after_refresh(self.action_pick_model)
         self.prompt.focus()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.main_screen.set_class(event.size.width < SIDE_BY_SIDE_MIN, "-slim")  # app.tcss: the pane alone
 
     async def on_unmount(self) -> None:
         self._save_theme()

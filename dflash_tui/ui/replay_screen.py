@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -23,6 +24,7 @@ from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
 from dflash_tui.sessions import Message, Session
 from dflash_tui.ui.acceptance import AcceptanceView
+from dflash_tui.ui.acceptance_layout import SIDE_BY_SIDE_MIN
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.plain_notify import PlainNotify
@@ -55,6 +57,7 @@ class ReplayScreen(PlainNotify, Screen[None]):
     ReplayScreen.-narrow #replay-acceptance { width: 1fr; height: 100%; }
     ReplayScreen.-narrow #replay-meter { width: 40; height: 100%; }
     ReplayScreen.-narrow.-short #replay-side { height: 10; }
+    ReplayScreen.-narrow.-slim #replay-meter { display: none; }
     """
     # priority: the focused conversation pane must not take space or → for its own scrolling
     BINDINGS = [
@@ -102,6 +105,9 @@ class ReplayScreen(PlainNotify, Screen[None]):
     @property
     def meter(self) -> SystemMeter:
         return self.query_one(SystemMeter)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < SIDE_BY_SIDE_MIN, "-slim")  # too narrow for both: the pane alone
 
     def on_mount(self) -> None:
         s = self.session
