@@ -1,5 +1,6 @@
 """`dflash-tui doctor` on broken copies of a tiny real-format pair: a config.json count or size of the
-wrong type or out of range, a safetensors header whose shapes do not match its bytes, a context of 0,
+wrong type or out of range, a safetensors header whose shapes do not match its bytes, a vocab_size that
+is not the rows of the embedding or an untied lm_head (replicas of published families), a context of 0,
 and --tokens past the model's context. Each is a FAIL naming the key or tensor (exit 1) where the
 real loader then fails, never "everything fits" and never a traceback."""
 
@@ -251,3 +252,121 @@ def test_tokens_beyond_the_models_context_is_a_usage_error(qwen3_dirs, capsys):
         assert len(lines) == 1 and "--tokens 99999999999999 is beyond the model's context (32768 tokens)" in lines[0]
     rc, out, _ = doctor(capsys, *pair, "--tokens", "32768")  # the whole context itself is fine
     assert rc == 0 and "memory at 32768 tokens" in out and "the whole context fits" in out
+
+
+# -- the vocabulary: config.json's vocab_size against the embedding's and an untied lm_head's rows ---------------
+@pytest.fixture(scope="module")
+def replica_tokenizer(tmp_path_factory):
+    from replicas import build_tokenizer
+
+    out = tmp_path_factory.mktemp("vocab_tok")
+    build_tokenizer(out)
+    return out
+
+
+def replica(tmp_path_factory, tokenizer, name: str) -> dict:
+    """A tiny replica pair of a published family (tests/families.py) in its real checkpoint format."""
+    from families import BY_NAME
+    from replicas import build_pair
+
+    return build_pair(BY_NAME[name], tmp_path_factory.mktemp(name), tokenizer, seed=0)
+
+
+def with_vocab(src, dst, vocab: int):
+    """A copy whose config.json states `vocab` wherever it states a vocab_size (a wrapper's text_config too)."""
+    copy = copy_with(src, dst, vocab_size=vocab)
+    cfg = json.loads((copy / "config.json").read_text())
+    if "text_config" in cfg:
+        cfg["text_config"]["vocab_size"] = vocab
+    (copy / "config.json").write_text(json.dumps(cfg))
+    return copy
+
+
+def edit_weights(path, edit) -> None:
+    """Rewrite a safetensors file through `edit` (a dict of name -> array), its metadata kept."""
+    import mlx.core as mx
+
+    weights, meta = mx.load(str(path), return_metadata=True)
+    edit(weights)
+    mx.save_safetensors(str(path), weights, metadata=meta)
+
+
+def padded(a, rows: int):
+    import mlx.core as mx
+
+    return mx.concatenate([a, mx.zeros((rows, *a.shape[1:]), dtype=a.dtype)])
+
+
+# flat untied, quantized, Gemma 4 (vocab_size from the top level), a hybrid wrapper, gpt-oss (no tie setting)
+VOCAB_FAMILIES = ["qwen3-8b", "qwen3-8b-4bit", "gemma-4-31b", "qwen3.6-27b-4bit", "gpt-oss-20b"]
+
+
+@pytest.mark.parametrize("name", VOCAB_FAMILIES)
+def test_a_vocab_size_that_is_not_the_embeddings_rows_is_a_fail_naming_both(tmp_path, tmp_path_factory,
+                                                                              replica_tokenizer, capsys, name):
+    dirs = replica(tmp_path_factory, replica_tokenizer, name)
+    rows = json.loads((dirs["target"] / "config.json").read_text())["vocab_size"]
+    rc, out, _ = doctor(capsys, "--model", str(dirs["target"]), "--draft", str(dirs["draft"]))
+    assert "target files" not in out, out  # the replica as built: its rows are its vocab_size
+    # a config padded past its weights (or weights short of it): mlx-lm refuses the load
+    target = with_vocab(dirs["target"], tmp_path / "target", rows + 64)
+    rc, out, err = doctor(capsys, "--model", str(target), "--draft", str(dirs["draft"]))
+    line = fail_line(out, "target files")
+    assert rc == 1 and not err, out + err
+    assert f"config.json's vocab_size is {rows + 64}, but " in line and f"embed_tokens.weight has {rows} rows" in line
+    tied = name.startswith("gemma")
+    assert (f"lm_head.weight has {rows} rows" in line) is not tied, line
+    assert "memory at" not in out and out.rstrip().endswith("verdict: does not work: target files")
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(dirs["draft"]), "--json")
+    assert rc == 1 and any(c["ok"] is False and f"has {rows} rows" in c["detail"] for c in json.loads(out)["checks"])
+    assert loader_fails(target)
+
+
+def test_an_untied_head_padded_past_the_vocab_is_a_fail(tmp_path, tmp_path_factory, replica_tokenizer, capsys):
+    dirs = replica(tmp_path_factory, replica_tokenizer, "qwen3-8b")
+    target = copy_with(dirs["target"], tmp_path / "target")
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    edit_weights(target / "model.safetensors", lambda w: w.update({"lm_head.weight": padded(w["lm_head.weight"], 64)}))
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(dirs["draft"]))
+    line = fail_line(out, "target files")
+    assert rc == 1 and line.endswith(f"config.json's vocab_size is {vocab}, but lm_head.weight has {vocab + 64} rows: "
+                                     "mlx-lm builds it with vocab_size rows and cannot load this"), line
+    assert loader_fails(target)
+
+
+def test_a_tied_models_head_copy_is_not_held_to_the_vocab_its_embedding_is(tmp_path, tmp_path_factory,
+                                                                           replica_tokenizer, capsys):
+    import mlx_lm
+
+    dirs = replica(tmp_path_factory, replica_tokenizer, "qwen3-4b")  # tie_word_embeddings: no lm_head of its own
+    target = copy_with(dirs["target"], tmp_path / "target")
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    # a stray lm_head copy of another size: mlx-lm's sanitize drops it, and the model loads
+    edit_weights(target / "model.safetensors",
+                 lambda w: w.update({"lm_head.weight": padded(w["model.embed_tokens.weight"], 64)}))
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(dirs["draft"]))
+    assert rc == 0 and "target files" not in out, out
+    mlx_lm.load(str(target))
+    # the embedding itself padded past vocab_size: the load fails, and doctor says so
+    edit_weights(target / "model.safetensors",
+                 lambda w: w.update({"model.embed_tokens.weight": padded(w["model.embed_tokens.weight"], 64)}))
+    rc, out, _ = doctor(capsys, "--model", str(target), "--draft", str(dirs["draft"]))
+    line = fail_line(out, "target files")
+    assert rc == 1 and f"vocab_size is {vocab}, but model.embed_tokens.weight has {vocab + 64} rows: " in line, line
+    assert "lm_head" not in line
+    assert loader_fails(target)
+
+
+def test_gemma_4_is_held_to_the_top_level_vocab_size_mlx_lm_hands_its_text_model(tmp_path, tmp_path_factory,
+                                                                                 replica_tokenizer, capsys):
+    dirs = replica(tmp_path_factory, replica_tokenizer, "gemma-4-31b")
+    cfg = json.loads((dirs["target"] / "config.json").read_text())
+    rows = cfg["vocab_size"]
+    text_off = copy_with(dirs["target"], tmp_path / "text_off", text_config=dict(cfg["text_config"], vocab_size=rows + 64))
+    rc, out, _ = doctor(capsys, "--model", str(text_off), "--draft", str(dirs["draft"]))
+    assert rc == 0 and "target files" not in out, out  # mlx-lm reads the top level's: it loads
+    assert not loader_fails(text_off)
+    top_off = copy_with(dirs["target"], tmp_path / "top_off", vocab_size=rows + 64)
+    rc, out, _ = doctor(capsys, "--model", str(top_off), "--draft", str(dirs["draft"]))
+    assert rc == 1 and f"vocab_size is {rows + 64}, but " in fail_line(out, "target files")
+    assert loader_fails(top_off)

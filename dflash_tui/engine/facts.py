@@ -352,6 +352,17 @@ _DROPPED = ("vision_tower", "visual.", "multi_modal_projector", "audio_tower", "
             "vision_embedder")
 
 
+def _dropped(name: str) -> bool:
+    name = name.removeprefix("model.")
+    return "mtp." in name or name.startswith(_DROPPED)
+
+
+def vocab_tensors(tensors: list[Tensor]) -> list[Tensor]:
+    """The language model's embedding and lm_head (not an MTP head's or a vision tower's, which mlx-lm drops)."""
+    return [t for t in tensors if t.shape and t.name.endswith(("embed_tokens.weight", "lm_head.weight"))
+            and not _dropped(t.name)]
+
+
 def _loaded_bytes(cfg: dict[str, Any], tensors: list[Tensor]) -> int:
     """What the weights take once mlx-lm has loaded them: as stored, except what it drops (the
     multi-token prediction heads, vision and audio towers, a tied head's copy), and FP8
@@ -361,8 +372,7 @@ def _loaded_bytes(cfg: dict[str, Any], tensors: list[Tensor]) -> int:
     tied = bool(text_config(cfg).get("tie_word_embeddings"))
     total = 0
     for t in tensors:
-        name = t.name.removeprefix("model.")
-        if "mtp." in name or name.startswith(_DROPPED) or (tied and name.endswith("lm_head.weight")):
+        if _dropped(t.name) or (tied and t.name.endswith("lm_head.weight")):
             continue
         if fp8 and t.dtype.startswith("F8_"):
             total += t.elements * 2
