@@ -218,12 +218,13 @@ def test_first_difference_names_the_layer_and_module_where_a_verify_parts_from_d
 def test_cycle_profile_times_every_forward_variant_on_attention_and_hybrid_targets(capsys):
     from dflash_tui.bench import cycle_profile
 
-    assert cycle_profile.main(["--shape", "tiny", "tiny-hybrid", "--context", "40", "--block-size", "4", "--reps", "1"]) == 0
+    assert cycle_profile.main(["--shape", "tiny", "tiny-hybrid", "--context", "40", "--block-size", "4", "--reps", "1",
+                               "--rows", "2", "7"]) == 0
     rows = json.loads(capsys.readouterr().out)
     for shape in ("tiny", "tiny-hybrid"):
         got = {r["variant"]: r for r in rows if r["shape"] == shape}
         assert set(got) == {"mlx-lm step", "engine step", "mlx-lm verify 4", "engine verify 4",
-                            "engine verify 4 no flush", "draft 4"}, got
+                            "engine verify 4 no flush", "draft 4", "mlx-lm forward 2", "mlx-lm forward 7"}, got
         for r in got.values():
             assert "error" not in r, r
             assert 0 < r["build_ms"] <= r["total_ms"]

@@ -9,7 +9,9 @@ on the same cache length (the cache is trimmed back after each):
 - `engine step`: the engine's `Target.forward` on one token (capture hooks armed);
 - `mlx-lm verify L`: the bare model on L tokens; `engine verify L`: `Target.forward`
   on L tokens, with and without its mid-forward evaluation (`flush_every`);
-- `draft L`: the draft's proposals for a block of L.
+- `draft L`: the draft's proposals for a block of L;
+- `mlx-lm forward N` (with `--rows N ...`): the bare model on N tokens, to see where a
+  forward's cost jumps with its rows (a kernel that changes with the row count).
 
 Where `build` is close to `total`, the forward is bound by Python and MLX's
 graph building, not by the GPU; a faster kernel then buys nothing.
@@ -50,7 +52,8 @@ def _timed(run: Callable[[], Any], reset: Callable[[], None], reps: int) -> dict
     return {"build_ms": statistics.median(builds), "total_ms": statistics.median(totals)}
 
 
-def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype) -> list[dict[str, Any]]:
+def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
+            sweep: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     target, draft = build(shape, 5, dtype)
     state = DecodeState(target, draft)
     prompt = random_prompt(target.vocab_size, context)
@@ -93,6 +96,8 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype) ->
     add("mlx-lm step", lambda: bare(one, cache=cache), trim(1))
     add("engine step", lambda: target.forward(one, cache)[0], trim(1))
     add(f"mlx-lm verify {block}", lambda: bare(many, cache=cache), trim(block))
+    for n in sweep:
+        add(f"mlx-lm forward {n}", lambda n=n: bare(mx.array([[token] * n]), cache=cache), trim(n))
     add(f"engine verify {block}", lambda: list(verify(many)), undo_verify)
     keep = target.flush_every
     target.flush_every = 0
@@ -112,9 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--rows", type=int, nargs="*", default=[], metavar="N",
+                   help="also time the bare model on N tokens for each N")
     args = p.parse_args(argv)
+    if any(n < 1 for n in args.rows):
+        p.error("--rows: each N must be at least 1")
     rows = [r for shape in args.shape for ctx in args.context
-            for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype))]
+            for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype), tuple(args.rows))]
     print(json.dumps(rows, indent=1))
     return 0
 
