@@ -370,3 +370,23 @@ def test_gemma_4_is_held_to_the_top_level_vocab_size_mlx_lm_hands_its_text_model
     rc, out, _ = doctor(capsys, "--model", str(top_off), "--draft", str(dirs["draft"]))
     assert rc == 1 and f"vocab_size is {rows + 64}, but " in fail_line(out, "target files")
     assert loader_fails(top_off)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_loading_a_model_whose_vocab_size_is_not_its_embeddings_rows_names_both(tmp_path, tmp_path_factory,
+                                                                               replica_tokenizer, sharded):
+    """The loader runs doctor's check first: mlx-lm's sharded load compares no shapes and would load it wrong."""
+    from types import SimpleNamespace
+
+    from dflash_tui.engine.loading import load_target
+    from dflash_tui.errors import UserError
+
+    dirs = replica(tmp_path_factory, replica_tokenizer, "qwen3-8b")
+    rows = json.loads((dirs["target"] / "config.json").read_text())["vocab_size"]
+    target = with_vocab(dirs["target"], tmp_path / "target", rows + 64)
+    ranks = SimpleNamespace(kind="tensor", group=None) if sharded else None  # refused before any rank is used
+    with pytest.raises(UserError) as err:
+        load_target(str(target), ranks=ranks)
+    assert str(err.value).startswith(f"could not load model {target}: config.json's vocab_size is {rows + 64}, but ")
+    assert f"embed_tokens.weight has {rows} rows" in str(err.value)
+    assert load_target(str(dirs["target"])).vocab_size == rows  # the replica as built loads

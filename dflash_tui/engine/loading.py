@@ -95,6 +95,7 @@ def load_target(model: str, trust_remote_code: bool = False, progress: Optional[
     source = source or target_source(model)
     if progress is not None and source == model and _looks_like_repo_id(model) and ranks is None:
         source = fetch(model, TARGET_FILES, progress, "downloading target", 0.0, 0.4)
+    _check_vocab_rows(model, Path(source))
     try:
         if ranks is not None:
             from dflash_tui.engine.distributed import load_sharded
@@ -169,6 +170,20 @@ def locate_pair(model: str, draft: Optional[str] = None, progress: Optional[Prog
     if draft_path is not None and Path(source).is_dir() and Path(draft_path).is_dir():
         _check_fit_from_files(Path(source), Path(draft_path))
     return PairFiles(model, source, draft_name, draft_path)
+
+
+def _check_vocab_rows(model: str, folder: Path) -> None:
+    """The embedding's rows against vocab_size before loading: mlx-lm's sharded load does not compare
+    shapes, so there a mismatch would load and write nonsense instead of failing."""
+    from dflash_tui.engine.diagnose import check_vocab_rows
+    from dflash_tui.engine.facts import CheckpointError
+
+    try:
+        check_vocab_rows(folder)
+    except CheckpointError as exc:
+        raise UserError(f"could not load model {model}: {exc}") from None
+    except Exception:  # unreadable or unusual files: the real load says what is wrong with them
+        return
 
 
 def _check_fit_from_files(target: Path, draft: Path) -> None:
