@@ -1,6 +1,6 @@
 """Too few rows for the side panes and a conversation both: the conversation keeps the screen (at 40×12
 it got no row at all, the panes all of them); from 18 rows the panes are back. Too few columns for the
-acceptance pane beside the meter (under 64): the pane alone, every cycle in it drawn whole."""
+acceptance pane beside the meter (under 64): one of them alone, f4 switching, every cycle and figure drawn whole."""
 
 from __future__ import annotations
 
@@ -95,3 +95,123 @@ async def test_the_replay_gives_its_pane_the_room_too(cols, meter):
         assert len(rows.rows) == 6 and rows.size.width >= 20, rows.region
         assert rows.virtual_size.width <= rows.size.width
         assert app.screen.meter.display == meter
+
+
+def _drawn(widget) -> list[str]:
+    """The widget's lines as drawn."""
+    return ["".join(seg.text for seg in widget.render_line(y)) for y in range(widget.size.height)]
+
+
+def _border_title(widget) -> str:
+    return Content.from_markup(widget.border_title or "").plain
+
+
+@pytest.mark.parametrize("cols", [40, 50, 60])
+async def test_under_64_columns_f4_gives_the_row_to_the_meter_its_figures_whole(cols):
+    """Under 64 columns the meter was left out and nothing said it was there: the pane's title names it and
+    its key, f4 gives it the row (every figure whole, in the meter's short labels), and f4 again the pane."""
+    from dflash_tui.ui.meter import MeterText
+
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(cols, 30)) as pilot:
+        app.prompt.cursor_blink = False
+        await feed_trace(app, pilot, load_trace())
+        assert app.acceptance.display and not app.meter.display
+        assert _border_title(app.acceptance) == "acceptance · f4 system"
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.meter.display and not app.acceptance.display
+        assert _border_title(app.meter) == "system · f4 acceptance"
+        assert app.meter.region.width == cols, app.meter.region  # the whole row
+        lines = [line for w in app.meter.query(MeterText) for line in _drawn(w)]
+        text = "\n".join(lines)
+        assert "…" not in text and all(len(line.rstrip()) <= cols - 2 for line in lines), text
+        # the short labels (tok/cyc, pre, mem, B) of a meter under 60 columns: the long ones do not fit
+        for figure in ("471 tok/s turn", "15.18× speedup", "5.80 tok/cyc", "pre 500 t/s", "ttft 84 ms", "mem 9.2G",
+                       "pk 9.5G", "rss 10.3G", "Qwen/Qwen3-8B · gpu · Apple M3 Max", "B auto→16", "greedy", "≤512"):
+            assert figure in text, (figure, text)
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.acceptance.display and not app.meter.display
+
+
+async def test_the_pane_or_meter_chosen_stays_through_a_resize_and_f4_does_nothing_wide():
+    """Going wide shows both again, the titles plain and f4 not live; going narrow again shows what was chosen."""
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(60, 30)) as pilot:
+        await pilot.press("f4")
+        await pilot.pause()
+        assert app.meter.display and not app.acceptance.display
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        assert app.meter.display and app.acceptance.display
+        assert app.meter.region.width > 0 and app.acceptance.region.width > 0
+        assert (_border_title(app.acceptance), _border_title(app.meter)) == ("acceptance", "system")
+        assert "f4" not in app.screen.active_bindings
+        await pilot.press("f4")  # nothing to switch: both show
+        await pilot.resize_terminal(60, 30)
+        await pilot.pause()
+        assert app.meter.display and not app.acceptance.display, "the meter, as chosen before going wide"
+        assert "f4" in app.screen.active_bindings
+        await pilot.press("f4")
+        await pilot.resize_terminal(100, 30)
+        await pilot.pause()
+        await pilot.resize_terminal(50, 30)
+        await pilot.pause()
+        assert app.acceptance.display and not app.meter.display
+
+
+async def test_the_pane_laid_out_while_the_meter_had_the_row_shows_every_cycle_whole():
+    """The cycles come in, and the terminal narrows, while the meter has the row: back on f4, the pane's
+    rows fit the width it has then."""
+    trace = load_trace()
+    app = DFlashApp(start_engine=False)
+    async with app.run_test(size=(60, 30)) as pilot:
+        app.prompt.cursor_blink = False
+        await pilot.press("f4")
+        await feed_trace(app, pilot, trace)
+        await pilot.resize_terminal(40, 30)
+        await pilot.pause()
+        assert app.meter.display and not app.acceptance.display
+        await pilot.press("f4")
+        await pilot.pause()
+        rows = app.acceptance.rows
+        assert app.acceptance.region.width == 40 and rows.size.width >= 20, rows.region
+        assert rows.virtual_size.width <= rows.size.width
+        assert all(len(line.rstrip()) <= rows.size.width for line in (await _drawn_rows(pilot, rows)).split("\n"))
+
+
+def test_f4_is_in_the_f1_help_and_the_readme_keys():
+    from pathlib import Path
+
+    from dflash_tui.ui.commands import help_markdown
+    from dflash_tui.ui.keys import help_rows
+
+    assert "- `f4` — under 64 columns" in help_markdown(help_rows())
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    keys = readme.split("## Keys", 1)[1].split("\n## ", 1)[0]
+    assert "| F4 |" in keys and "meter" in keys.split("| F4 |", 1)[1].split("\n", 1)[0]
+
+
+async def test_the_replay_switches_its_pane_and_meter_the_same_way():
+    from fixtures.harness import trace_session
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    app = ReplayApp(trace_session(), paused=True, theme="textual-dark")
+    async with app.run_test(size=(50, 24)) as pilot:
+        await pilot.press(*["n"] * 6, *["right"] * 6)
+        await pilot.pause()
+        screen = app.screen
+        assert _border_title(screen.acceptance) == "acceptance · f4 system" and not screen.meter.display
+        await pilot.press("f4")
+        await pilot.pause()
+        assert screen.meter.display and not screen.acceptance.display
+        assert screen.meter.region.width == 50
+        assert _border_title(screen.meter) == "system · recorded · f4 acceptance"
+        await pilot.resize_terminal(100, 24)
+        await pilot.pause()
+        assert screen.meter.display and screen.acceptance.display
+        assert _border_title(screen.meter) == "system · recorded"
+        await pilot.resize_terminal(50, 24)
+        await pilot.pause()
+        assert screen.meter.display and not screen.acceptance.display

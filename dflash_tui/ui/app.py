@@ -18,7 +18,6 @@ from dflash_tui.config import Config, LoadedConfig, load_config
 from dflash_tui.ui import messages as msg
 from dflash_tui.ui.messages import while_shown
 from dflash_tui.ui.acceptance import AcceptanceView
-from dflash_tui.ui.acceptance_layout import SIDE_BY_SIDE_MIN
 from dflash_tui.ui.branching import Branching, reply_for
 from dflash_tui.ui.chat_view import ChatView
 from dflash_tui.ui.commands import DFlashProvider, HelpScreen, run_slash, slash_suggestions
@@ -28,6 +27,7 @@ from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.model_picker import ModelPicker
 from dflash_tui.engine.block_limit import refusal
 from dflash_tui.ui.pair_loading import PairLoading
+from dflash_tui.ui.pane_switch import PaneSwitching
 from dflash_tui.ui.paste_parser import read_pastes_whole
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.prompt import PromptBox
@@ -41,7 +41,8 @@ _SETTING_LABELS = {"temperature": "temperature", "top_p": "top-p", "top_k": "top
                    "block_size": "block size", "max_tokens": "max tokens"}
 
 
-class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeeping, PlainNotify, App[None]):
+class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeeping, PaneSwitching, PlainNotify,
+                App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "dflash-tui"
     COMMANDS = App.COMMANDS | {DFlashProvider}
@@ -118,6 +119,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
     def main_screen(self):
         return self.screen_stack[0]
 
+    pane_screen = main_screen  # where the side panes' classes go (ui/pane_switch.py)
+
     @property
     def chat(self) -> ChatView:
         return self.main_screen.query_one("#chat", ChatView)
@@ -137,8 +140,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
     def on_mount(self) -> None:
         self._setup_themes()
         self.chat.border_title = "conversation"
-        self.acceptance.border_title = "acceptance"
-        self.meter.border_title = "system"
+        self.fit_panes(self.size.width)  # and on each resize: under 64 columns one pane, f4 the other
         if self.loaded_config.message:
             self.chat.add_note(self.loaded_config.message, "warning")
             self.notify(self.loaded_config.message, title="config.toml", severity="warning", timeout=10)
@@ -157,7 +159,7 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
         self.prompt.focus()
 
     def on_resize(self, event: events.Resize) -> None:
-        self.main_screen.set_class(event.size.width < SIDE_BY_SIDE_MIN, "-slim")  # app.tcss: the pane alone
+        self.fit_panes(event.size.width)  # app.tcss: under 64 columns the pane or the meter alone (ui/pane_switch.py)
 
     async def on_unmount(self) -> None:
         self._save_theme()
@@ -269,13 +271,16 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
         return False
 
     # -- actions -------------------------------------------------------------
-    _CHAT_ACTIONS = {"stop", "regenerate", "new_chat", "pick_model", "sessions", "copy_reply", "toggle_panes", "help"}
+    _CHAT_ACTIONS = {"stop", "regenerate", "new_chat", "pick_model", "sessions", "copy_reply", "toggle_panes", "help",
+                     "switch_pane"}
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
         if action in self._CHAT_ACTIONS and self.screen is not self.main_screen:
             return False  # another screen (replay, sessions, a picker) is in front: its keys, not the chat's
         if action == "stop":
             return self.generating  # shown (and live) only while a reply streams
+        if action == "switch_pane":
+            return self.can_switch_pane()
         return True
 
     def action_stop(self) -> None:

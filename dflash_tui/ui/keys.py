@@ -12,6 +12,7 @@ from textual.binding import Binding
 
 # keys a terminal may send for something else, or that mean "clear" to most users
 RESERVED = frozenset({"ctrl+l", "ctrl+m", "ctrl+i", "ctrl+j", "ctrl+h"})
+SWITCH_PANE_KEY = "f4"  # ui/pane_switch.py: the pane's and the meter's border titles name it
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ APP_KEYS: tuple[AppKey, ...] = (
     AppKey("ctrl+o", "sessions", "Sessions", "saved sessions: open, replay, rename, delete, export"),
     AppKey("ctrl+y", "copy_reply", "Copy reply", "copy the last (or the focused) message", footer=False),
     AppKey("f2", "toggle_panes", "Panes", "hide or show the acceptance and system panes", footer=False),
+    # not in the footer: the pane's border title says it, where it applies (under 64 columns)
+    AppKey(SWITCH_PANE_KEY, "switch_pane", "Meter/pane",
+           "under 64 columns, where the side row has room for one pane: switch it between the acceptance pane and "
+           "the system meter (in a replay too)", footer=False),
 )
 
 # keys a focused message answers to (click it or Tab to it); the branch keys act on a saved message

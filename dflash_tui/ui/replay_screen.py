@@ -24,9 +24,10 @@ from dflash_tui.printable import one_line, plain
 from dflash_tui.replay import Cue, Player, speed_label
 from dflash_tui.sessions import Message, Session
 from dflash_tui.ui.acceptance import AcceptanceView
-from dflash_tui.ui.acceptance_layout import SIDE_BY_SIDE_MIN
 from dflash_tui.ui.chat_view import AssistantHandle, ChatView
+from dflash_tui.ui.keys import SWITCH_PANE_KEY
 from dflash_tui.ui.meter import SystemMeter
+from dflash_tui.ui.pane_switch import PaneSwitching
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.turns import REPLY_SETTINGS
 
@@ -41,7 +42,7 @@ class ReplayBar(Static):
     """
 
 
-class ReplayScreen(PlainNotify, Screen[None]):
+class ReplayScreen(PaneSwitching, PlainNotify, Screen[None]):
     # its own layout (the chat screen's, in short): conversation left, decoder panes right; stacked when narrow
     DEFAULT_CSS = """
     ReplayScreen { layout: vertical; }
@@ -58,6 +59,8 @@ class ReplayScreen(PlainNotify, Screen[None]):
     ReplayScreen.-narrow #replay-meter { width: 40; height: 100%; }
     ReplayScreen.-narrow.-short #replay-side { height: 10; }
     ReplayScreen.-narrow.-slim #replay-meter { display: none; }
+    ReplayScreen.-narrow.-slim.-slim-meter #replay-meter { display: block; width: 1fr; }
+    ReplayScreen.-narrow.-slim.-slim-meter #replay-acceptance { display: none; }
     """
     # priority: the focused conversation pane must not take space or → for its own scrolling
     BINDINGS = [
@@ -69,9 +72,12 @@ class ReplayScreen(PlainNotify, Screen[None]):
         Binding("n", "next_message", "Next msg", priority=True),
         Binding("p", "previous_message", "Prev msg", priority=True),
         Binding("i", "instant", "Instant", priority=True),
+        # under 64 columns: the pane or the meter (ui/pane_switch.py); their border title says the key
+        Binding(SWITCH_PANE_KEY, "switch_pane", "Meter/pane", show=False),
     ]
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
+    meter_title = "system · recorded"
 
     def __init__(self, session: Session, speed: float = 1.0, paused: bool = False, tick_s: float = TICK_S) -> None:
         super().__init__()
@@ -106,14 +112,20 @@ class ReplayScreen(PlainNotify, Screen[None]):
     def meter(self) -> SystemMeter:
         return self.query_one(SystemMeter)
 
+    @property
+    def pane_screen(self) -> Screen:
+        return self
+
     def on_resize(self, event: events.Resize) -> None:
-        self.set_class(event.size.width < SIDE_BY_SIDE_MIN, "-slim")  # too narrow for both: the pane alone
+        self.fit_panes(event.size.width)  # too narrow for both: the pane or the meter alone (f4)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> Optional[bool]:
+        return self.can_switch_pane() if action == "switch_pane" else True
 
     def on_mount(self) -> None:
         s = self.session
         self.chat.border_title = plain(f"replay · {s.title or 'untitled'}")  # Text: a title is data, not markup
-        self.acceptance.border_title = "acceptance"
-        self.meter.border_title = "system · recorded"
+        self.fit_panes(self.size.width)
         self.acceptance.set_decoder(s.decode)
         draft = one_line(model_label(s.draft)) if s.draft else None  # names, never install paths
         self.meter.set_pair(one_line(model_label(s.target)), draft, one_line(s.device or "recorded"),
