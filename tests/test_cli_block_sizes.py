@@ -21,8 +21,9 @@ from test_cli_generate import cli as run_cli
 from test_cli_generate import pair_args
 
 RULE = "a block size is auto, 0 (the draft's own) or a number from 2 up to the draft's own"
-LINE = re.compile(r"^\[(\d+) tokens, [\d.]+ tok/s, (?:(?P<tpc>[\d.]+) tokens/cycle, acceptance (?P<acc>\d+)%"
-                  r"|(?P<alone>target only \([^)]*\))), (\w+)\]$")
+# the chat's words (figure_rules.reply_summary): "N tokens · τ tok/cycle · A% accepted · X tok/s[ · how it ended]"
+LINE = re.compile(r"^\[(\d+) tokens? · (?:(?P<tpc>[\d.]+) tok/cycle · (?P<acc>\d+)% accepted"
+                  r"|(?P<alone>target only(?: \([^)]*\))?))(?: · [\d.]+ tok/s)?(?: · (?P<end>[a-z ]+))?\]$")
 needs_demo = pytest.mark.skipif(not demo_pair_bundled(), reason="no demo pair bundled")
 
 

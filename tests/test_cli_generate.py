@@ -61,7 +61,7 @@ def test_plain_text_output(qwen3_dirs):
     r = cli("generate", "hi", *pair_args(qwen3_dirs), "--max-tokens", "10")
     assert r.returncode == 0, r.stderr
     assert r.stdout.endswith("\n") and len(r.stdout) > 1
-    assert "tokens/cycle" in r.stderr
+    assert "tok/cycle · " in r.stderr and "% accepted" in r.stderr
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
@@ -145,8 +145,8 @@ def test_baseline_prints_target_only_figures(qwen3_dirs):
     r = cli("generate", "hi", *pair_args(qwen3_dirs), "--max-tokens", "6", "--baseline")
     assert r.returncode == 0, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert "target only" in last and "tokens/cycle" not in last and "acceptance" not in last, last
-    assert "6 tokens" in last
+    assert "target only" in last and "tok/cycle" not in last and "accepted" not in last, last
+    assert last.startswith("[6 tokens · target only · ") and last.endswith(" tok/s · hit max tokens]"), last
 
 
 def test_a_block_past_the_drafts_own_is_refused_by_generate_and_bench(qwen3_dirs):

@@ -51,7 +51,7 @@ def test_generate_closing_line_shows_sync_per_cycle_as_the_meter_does():
     from dflash_tui.commands.generate import figures_line
 
     line = figures_line(Done([1] * 21, "", "length", {**RANKED, "generated_tokens": 21, "acceptance": 0.2}))
-    assert "2 ranks tensor parallel, sync 0.25 ms/cycle" in line  # 2.0 ms over 8 checks, as on the meter above
+    assert line.endswith(" · hit max tokens · 2 ranks tensor parallel · sync 0.25 ms/cycle]"), line  # 2.0 ms over 8 checks
     audit = {**RANKED, "generated_tokens": 48, "acceptance": 0.2, "sync_ms": 37.5, "agreement_checks": 26}
     line = figures_line(Done([1] * 48, "", "length", audit))
     assert "sync 1.44 ms/cycle" in line and "37.5" not in line
@@ -66,7 +66,7 @@ def test_generate_distributed_closing_line_on_2_ranks_says_ms_per_cycle(qwen3_di
                           stdin=subprocess.DEVNULL)
     lines = [line for line in proc.stderr.splitlines() if "ranks tensor parallel" in line]
     assert len(lines) == 1, proc.stdout + proc.stderr  # rank 0 only
-    assert re.search(r", 2 ranks tensor parallel, sync \d+\.\d\d ms/cycle, (length|stop)\]$", lines[0]), lines[0]
+    assert re.search(r" · 2 ranks tensor parallel · sync \d+\.\d\d ms/cycle\]$", lines[0]), lines[0]
 
 
 def _doctor_on_2_ranks(dirs, *extra: str) -> subprocess.CompletedProcess:

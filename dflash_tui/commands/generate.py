@@ -19,6 +19,7 @@ from dflash_tui.commands.common import (
     settings_from_args,
 )
 from dflash_tui.errors import UserError
+from dflash_tui.figure_rules import reply_summary
 from dflash_tui.printable import printable
 
 ALONE = "use --baseline for the target alone"
@@ -107,22 +108,16 @@ def _run(args: argparse.Namespace, ranks: Optional["Ranks"]) -> int:
 
 
 def figures_line(done) -> str:
-    """The closing line on stderr. Cycle figures only where a cycle drafted: a --baseline run, or a reply
-    that ended before any cycle drafted (one token; auto that kept the target alone), says "target only"."""
+    """The closing line on stderr: the reply's figures in the chat's words (figure_rules.reply_summary;
+    "target only" where no cycle drafted), then the ranks where several ran."""
+    parts = [reply_summary(done)]
     s = done.stats
-    parts = [f"{s['generated_tokens']} tokens", f"{s['decode_tps']:.1f} tok/s"]
-    if s.get("mode") == "baseline":
-        parts.append("target only (no draft)")
-    elif not s.get("cycles"):
-        parts.append("target only (no cycle drafted)")
-    else:
-        parts += [f"{s['tokens_per_cycle']:.2f} tokens/cycle", f"acceptance {s['acceptance']:.0%}"]
     if "ranks" in s:  # sync: the turn's sync_ms over its agreement checks (each cycle's, and the first token's),
         # the mean time of one check, as the meter shows it
         checks = s.get("agreement_checks") or 0
         sync = s.get("sync_ms", 0.0) / checks if checks else 0.0
-        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel, sync {sync:.2f} ms/cycle")
-    return f"[{', '.join(parts)}, {done.finish_reason}]"
+        parts.append(f"{s['ranks']} ranks {s['parallel']} parallel · sync {sync:.2f} ms/cycle")
+    return f"[{' · '.join(parts)}]"
 
 
 def strip_one_newline(text: str) -> str:
