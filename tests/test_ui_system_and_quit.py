@@ -125,6 +125,28 @@ async def test_typing_or_pasting_on_the_conversation_goes_to_the_prompt(qwen3_di
         assert app.focused is app.prompt
 
 
+async def test_keys_typed_in_one_burst_on_a_focused_message_are_all_text(qwen3_dirs):
+    """A terminal delivers a fast typist's keys (or tmux send-keys) in one read: the first one sends the
+    focus to the prompt, and the ones after it, bound on the message or not, are text, never an edit,
+    a copy or a delete."""
+    from textual import events
+
+    app = make_app(qwen3_dirs, probe_tokens=0)
+    app.options.max_tokens = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "first question")
+        await finish_turn(pilot, app)
+        app.prompt.value = ""
+        app.chat.query(UserMessage).last().focus()
+        await pilot.pause(0.2)
+        for char in "the code dy":
+            app.post_message(events.Key("space" if char == " " else char, char))
+        await wait_for(pilot, lambda: app.prompt.text == "the code dy", 5, "the burst in the prompt")
+        assert app.focused is app.prompt and len(app.screen_stack) == 1  # no delete question, no edit
+        assert len(app.session.tree.nodes) == 2 and not app.prompt.has_class("-editing")
+
+
 async def test_with_a_message_focused_the_footer_still_shows_f1_help(qwen3_dirs):
     from textual.widgets._footer import FooterKey
 

@@ -381,7 +381,11 @@ class ChatView(VerticalScroll):
             self._typed_to_prompt = False
             prompt.submit()
             return
-        if prompt is None or not event.is_printable or not event.character or event.key in self.screen.active_bindings:
+        if prompt is None or not event.is_printable or not event.character:
+            return
+        # a bound key (e, c, d, ...) is the message's, unless typing already went to the prompt: the rest of a
+        # burst typed before the focus got there is text too, never an edit or a delete
+        if event.key in self.screen.active_bindings and not self._typed_to_prompt:
             return
         event.stop()
         event.prevent_default()
