@@ -189,9 +189,10 @@ def test_a_block_past_the_drafts_own_is_refused_and_the_conversation_goes_on(qwe
     assert list(conv.generate("own", GenerationSettings(max_tokens=3, block_size=16)))[-1].type == "done"
 
 
-def test_decode_speed_runs_from_the_first_token_to_the_last(qwen3_pair):
-    """A cycle that only ends the reply with EOS is not decode time, as the step that produces
-    EOS after the last token is not for mlx_lm.stream_generate in the bench."""
+def test_decode_speed_runs_from_the_first_token_to_the_end_of_the_reply(qwen3_pair):
+    """A cycle that only ends the reply with EOS is decode time: the reply is not over before it, and
+    leaving it out would favour DFlash, whose cycle costs more than the step that says EOS for
+    mlx_lm.stream_generate (which bench counts the same way)."""
     import time
 
     import mlx.core as mx
@@ -227,4 +228,4 @@ def test_decode_speed_runs_from_the_first_token_to_the_last(qwen3_pair):
     assert s_tpc(done) == 1.0  # every cycle gave one token, the last one the stop: never below 1
     s = done.stats
     span = (k - 1) / s["decode_tps"]
-    assert s["decode_s"] >= 0.5 > span  # the wall time holds the slow cycle; the speed does not
+    assert s["decode_s"] >= span >= 0.5  # the speed holds the slow last cycle, as the wall time does

@@ -102,3 +102,16 @@ def test_the_bound_socket_accepts_before_uvicorn_runs():
             bind("127.0.0.1", sock.getsockname()[1]).close()
     finally:
         sock.close()
+
+
+def test_a_remote_replys_speed_runs_to_the_block_that_ends_it():
+    """The engine's definition on the client side: the tokens after the first over the time from the
+    first token's block to the last block, one that only says EOS included."""
+    from dflash_tui.remote.block_tally import BlockTally
+
+    tally = BlockTally("dflash", 4, 0.0)
+    tally.add(Block(index=0, drafted=[], accepted=0, emitted=[5], text="a"), now=10.0)
+    tally.add(Block(index=1, drafted=[6, 7, 8], accepted=2, emitted=[6, 7, 9], text="bcd"), now=11.0)
+    tally.add(Block(index=2, drafted=[1, 2, 3], accepted=0, emitted=[2], text="", eos=True), now=13.0)
+    s = tally.stats(now=13.5)
+    assert s["generated_tokens"] == 4 and s["decode_tps"] == pytest.approx(3 / 3.0)

@@ -260,7 +260,7 @@ class Conversation:
             ranks.agree(0, [first])
         kept, text, finished = emit([first])
         tokens.extend(kept)
-        first_at = last_at = time.perf_counter()  # decode speed: the first token to the last
+        first_at = last_at = time.perf_counter()  # decode speed: the first token to the reply's end
         yield Block(index=0, drafted=[], accepted=0, emitted=[first] if finish == "stop" else kept, text=text,
                     eos=finish == "stop")
         index = 1
@@ -276,8 +276,7 @@ class Conversation:
             for cyc in cycles:
                 kept, text, finished = emit(cyc.emitted)
                 tokens.extend(kept)
-                if kept:
-                    last_at = time.perf_counter()
+                last_at = time.perf_counter()  # the cycle that only ends the reply is waited for too
                 # what the cycle gave the reply: the kept tokens, and the EOS that ended it; a drafted
                 # token past that end is not accepted, whatever the target says of it
                 stopped = finished and finish == "stop"
@@ -314,8 +313,9 @@ class Conversation:
             "generated_tokens": n,
             "decode_s": decode_s,
             # the first token comes from prefill; decode speed counts the rest, over the time from
-            # the first token to the last (as for mlx_lm.stream_generate in the bench: a step or
-            # cycle that only ends the reply with EOS is not counted on either side)
+            # the first token to the end of the reply, the cycle or step that ends it included (a
+            # cycle costs more than a step: leaving the one that only says EOS out would favour
+            # DFlash); bench measures mlx_lm.stream_generate the same way
             "decode_tps": (n - 1) / (last_at - first_at) if n > 1 and last_at > first_at else 0.0,
             "cycles": totals["cycles"],
             "tokens_per_cycle": totals["cycle_tokens"] / totals["cycles"] if totals["cycles"] else 0.0,

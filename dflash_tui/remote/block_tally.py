@@ -5,7 +5,7 @@ the events received.
 - cycles: the blocks with something drafted; tokens per cycle: their emitted tokens over the cycles
 - acceptance: accepted over drafted tokens
 - decode tok/s: the tokens after the first over the time from the first token's block to the last
-  one's (here, when each arrived)
+  block's, the one that only ends the reply included (here, when each arrived)
 - block size, mode and temperature: what the request asked (or the server's own block size when it
   named none)
 """
@@ -30,7 +30,7 @@ class BlockTally:
         self.tokens: list[int] = []
         self.text: list[str] = []
         self.first_at: Optional[float] = None  # the first token's block came
-        self.last_at: Optional[float] = None  # the last block that added to the reply came
+        self.last_at: Optional[float] = None  # the last block came (one that only ends the reply too)
         self.blocks: list[Block] = []
 
     def add(self, ev: Event, now: Optional[float] = None) -> None:
@@ -43,8 +43,7 @@ class BlockTally:
             self.text.append(ev.text)
             if self.first_at is None:
                 self.first_at = now
-            if kept:
-                self.last_at = now
+            self.last_at = now
             self.blocks.append(ev)
 
     def stats(self, now: Optional[float] = None) -> dict[str, Any]:
