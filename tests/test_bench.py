@@ -76,9 +76,39 @@ def test_bench_summary_pools_the_cycles_of_all_prompts_and_says_mib():
 
 
 def test_bench_table_with_auto_block(qwen3_dirs):
-    r = cli("bench", *pair_args(qwen3_dirs), "--max-tokens", "16", "--runs", "1", "--cooldown", "0")
+    r = cli("bench", *pair_args(qwen3_dirs), "--max-tokens", "16", "--runs", "1", "--cooldown", "0",
+            "--prompt", "Say hello\n  in   French, please")
     assert r.returncode == 0, r.stderr
     assert "speedup" in r.stdout and "identical outputs: True" in r.stdout and "block auto" in r.stdout
+    lines = r.stdout.splitlines()
+    # the pair by its names (model_names: a local folder by its folder name), never where it is
+    assert lines[0] == "target  <-  draft" and str(qwen3_dirs["target"].parent) not in r.stdout, r.stdout
+    assert "commit None" not in r.stdout
+    assert "prompt 1: Say hello in French, please" in lines  # the row's number, keyed to the prompt's words
+    row = next(line for line in lines if line.split()[:1] == ["1"])
+    assert len(row.split()) == 10, row
+
+
+def test_bench_table_names_the_demo_pair_and_says_the_commit_only_when_known():
+    from dflash_tui.bench.compare import format_table, prompt_label, summarize
+    from dflash_tui.demo import demo_draft_path, demo_target_path
+
+    results = [{**_row(18, 4, 0.55), "prompt": "Write a Python function that returns the n-th Fibonacci number, "
+                                               "with a docstring."}, _row(18, 4, 0.55)]
+    report = {"machine": {"device": "cpu", "backend": "cpu", "mlx": "0", "mlx-lm": "0", "commit": None},
+              "target": str(demo_target_path()), "draft": str(demo_draft_path()), "attention": "fused",
+              "results": results, "summary": summarize(results, temperature=0.0),
+              "settings": {"max_tokens": 48, "runs": 1, "cooldown_s": 0, "block_size": 16, "temperature": 0.0}}
+    text = format_table(report)
+    lines = text.splitlines()
+    assert lines[0] == "demo (offline)  <-  its draft" and str(demo_target_path()) not in text
+    assert lines[1] == "cpu (cpu), mlx 0, mlx-lm 0" and "commit" not in text
+    assert "prompt 1: Write a Python function that returns the n-th Fibonacci…" in lines
+    assert not any(line.startswith("prompt 2:") for line in lines)  # no text kept: the row's number alone
+    assert [line.split()[0] for line in lines if line.split()[:1] in (["1"], ["2"])] == ["1", "2"]
+    known = format_table({**report, "machine": {**report["machine"], "commit": "abc1234"}})
+    assert known.splitlines()[1].endswith(", dflash-tui commit abc1234")
+    assert prompt_label("", 3) == "prompt 3"
 
 
 def test_bench_bad_prompts_file(qwen3_dirs, tmp_path):

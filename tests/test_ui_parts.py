@@ -301,14 +301,28 @@ async def test_model_picker_lists_each_pair_once_with_its_size_and_whether_it_do
                 break
             await pilot.pause(0.05)
         shown = prompts()
-        demo_rows = [p for p in shown if demo_target in p]
-        assert len(demo_rows) == 1 and "loaded now" in demo_rows[0]
+        assert not any(demo_target in p or demo_draft in p for p in shown), shown  # names, never install paths
+        demo_rows = [p for p in shown if "demo (offline)" in p]
+        assert len(demo_rows) == 1 and demo_rows[0].startswith("● demo (offline)  loaded now"), demo_rows
         assert "MiB on disk, no download" in demo_rows[0]  # binary units, named so
         (cached,) = [p for p in shown if "Qwen/Qwen3-4B" in p]  # the known pair's target is cached: once
         assert "in your cache" in cached and "B on disk" in cached and "(needs a download)" in cached
         known = [p for p in shown if "known pair" in p]
         assert known and all("needs a download (size unknown offline)" in p for p in known), known
         assert len(shown) == len(set(shown))
+
+
+def test_a_loaded_local_folder_is_listed_by_its_folder_name_not_its_path(tmp_path):
+    from dflash_tui.ui.model_sources import model_choices
+
+    target, draft = tmp_path / "models" / "my-qwen", tmp_path / "models" / "my-qwen-draft"
+    for folder in (target, draft):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    loaded = model_choices(str(target), str(draft), tmp_path / "no-cache")[0]
+    assert loaded.group == "loaded" and loaded.target == str(target)  # loading still takes the path
+    assert loaded.detail.endswith("draft my-qwen-draft") and str(tmp_path) not in loaded.detail, loaded
+    assert loaded.name == "my-qwen"  # what the list shows
 
 
 def test_a_known_pairs_download_size_comes_from_the_hub_or_is_said_unknown(monkeypatch):

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import mlx.core as mx
 
@@ -27,6 +27,7 @@ from dflash_tui.engine.events import Done, cycle_counts
 from dflash_tui.engine.loading import Pair
 from dflash_tui.engine.target import finish_stream_generate
 from dflash_tui.errors import UserError
+from dflash_tui.model_names import draft_label, model_label
 
 
 @dataclass
@@ -112,15 +113,17 @@ def machine_info() -> dict[str, Any]:
 
 
 def bench(pair: Pair, prompts: list[list[int]], max_tokens: int = 256, runs: int = 3, cooldown: float = 1.0,
-          block_size: Union[int, str, None] = "auto", temperature: float = 0.0) -> dict[str, Any]:
-    """Median of `runs` for each prompt, both decoders interleaved run by run."""
+          block_size: Union[int, str, None] = "auto", temperature: float = 0.0,
+          texts: Optional[list[str]] = None) -> dict[str, Any]:
+    """Median of `runs` for each prompt, both decoders interleaved run by run. `texts`: the prompts as
+    written, kept in the report beside their rows (the table names each row by its first words)."""
     conv = Conversation(pair)
     settings = GenerationSettings(max_tokens=max_tokens, block_size=block_size, temperature=temperature)
     # warm-up both paths (kernel compilation, the adaptive cost curve) before anything is timed
     run_baseline(pair, prompts[0], 8)
     run_dflash(conv, prompts[0], GenerationSettings(max_tokens=8, block_size=block_size))
     results = []
-    for prompt in prompts:
+    for n, prompt in enumerate(prompts):
         base_runs, df_runs = [], []
         for i in range(runs):
             base_runs.append(run_baseline(pair, prompt, max_tokens))
@@ -130,6 +133,7 @@ def bench(pair: Pair, prompts: list[list[int]], max_tokens: int = 256, runs: int
                 time.sleep(cooldown)
         b, d = _median_run(base_runs), _median_run(df_runs)
         results.append({
+            **({"prompt": texts[n]} if texts is not None and n < len(texts) else {}),
             "prompt_tokens": len(prompt),
             "generated_tokens": len(d.tokens),
             "baseline": _public(b),
@@ -175,14 +179,33 @@ def _public(r: RunFigures) -> dict[str, Any]:
     return out
 
 
+def prompt_label(text: Optional[str], number: int, width: int = 60) -> str:
+    """A prompt as the table names it: its first words on one line, cut at `width`; "prompt N" without its text."""
+    if not text or not text.strip():
+        return f"prompt {number}"
+    words = " ".join(text.split())
+    if len(words) <= width:
+        return words
+    cut = words[:width - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ,;:") + "…"  # whole words where it can
+
+
 def format_table(report: dict[str, Any]) -> str:
+    """The report for a reader: the pair by its names (model_names, never install paths), the source's
+    commit only where it is known (a git checkout), each prompt numbered with its first words."""
     m = report["machine"]
-    lines = [f"{report['target']}  <-  {report['draft']}",
-             f"{m['device']} ({m['backend']}), mlx {m['mlx']}, mlx-lm {m['mlx-lm']}, commit {m['commit']}",
+    draft = draft_label(report["target"], report["draft"]) if report.get("draft") else "no draft"
+    commit = f", dflash-tui commit {m['commit']}" if m.get("commit") else ""
+    lines = [f"{model_label(report['target'])}  <-  {draft}",
+             f"{m['device']} ({m['backend']}), mlx {m['mlx']}, mlx-lm {m['mlx-lm']}{commit}",
              f"verify attention: {report['attention']} (the baseline is mlx_lm.stream_generate on the same weights)",
-             f"max_tokens {report['settings']['max_tokens']}, block {report['settings']['block_size']}, median of {report['settings']['runs']}", "",
-             f"{'prompt':>6} {'base tok/s':>10} {'dflash tok/s':>12} {'speedup':>8} {'tok/cycle':>9} {'accept':>7} {'ttft ms':>8} {'peak MiB':>9} {'same':>5}  draft/verify/rollback/host ms"]
-    for i, r in enumerate(report["results"]):
+             f"max_tokens {report['settings']['max_tokens']}, block {report['settings']['block_size']}, median of {report['settings']['runs']}", ""]
+    keyed = [(i, r["prompt"]) for i, r in enumerate(report["results"], 1) if r.get("prompt")]
+    if keyed:  # the key to the rows' numbers
+        lines += [f"prompt {i}: {prompt_label(text, i)}" for i, text in keyed] + [""]
+    lines.append(f"{'prompt':>6} {'base tok/s':>10} {'dflash tok/s':>12} {'speedup':>8} {'tok/cycle':>9} {'accept':>7} "
+                 f"{'ttft ms':>8} {'peak MiB':>9} {'same':>5}  draft/verify/rollback/host ms")
+    for i, r in enumerate(report["results"], 1):
         b, d = r["baseline"], r["dflash"]
         ph = d.get("phases_ms_per_cycle", {})
         lines.append(

@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = [list(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, enable_thinking=False))
                for t in texts]
     report = bench(pair, prompts, max_tokens=args.max_tokens, runs=args.runs, cooldown=args.cooldown,
-                   block_size=block, temperature=args.temperature)
+                   block_size=block, temperature=args.temperature, texts=texts)
     text = json.dumps(report, indent=2)
     try:
         print(text if args.json else format_table(report))  # first: a report that cannot be saved is not lost

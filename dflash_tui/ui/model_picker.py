@@ -97,7 +97,7 @@ class ModelPicker(ModalScreen[Optional[tuple[str, Optional[str]]]]):
         # model names and paths come from the disk and the hub: plain Text, never markup
         return Text.assemble(
             ("● " if choice.group == "loaded" else "  "),
-            (choice.target, "bold"),
+            (choice.name, "bold"),  # a name, never an install path (the input below takes the path)
             (f"  {TITLES[choice.group]} · {choice.detail}", "dim"),
         )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from dflash_tui.model_names import model_label
 from dflash_tui.ui.figure_text import fmt_bytes
 
 if TYPE_CHECKING:
@@ -33,6 +34,11 @@ class ModelChoice:
     group: str  # "loaded" | "demo" | "cached" | "known" | "remote" (config.toml's server) | "server" (its models)
     size: Optional[int] = None  # bytes on disk, or to download (None: not known)
     download: bool = False  # loading it fetches files from the hub first
+
+    @property
+    def name(self) -> str:
+        """What the list calls the target: its name (model_names), never an install path; a server by its URL."""
+        return self.target if self.group in ("remote", "server") else model_label(self.target)
 
 
 def human_size(n: int) -> str:
@@ -72,7 +78,7 @@ def _draft_note(draft: Optional[str], cached: dict[str, int]) -> str:
     if draft in cached:
         return f"draft {draft} ({human_size(cached[draft])}, cached)"
     if Path(draft).expanduser().is_dir():
-        return f"draft {draft}"
+        return f"draft {model_label(draft)}"
     return f"draft {draft} (needs a download)"
 
 
@@ -131,7 +137,7 @@ def loaded_pair(target: str, draft: Optional[str], cached: dict[str, int], demo:
     path = Path(target).expanduser()
     size = dir_size(path) if path.is_dir() else cached.get(target)
     where = f"{human_size(size)} on disk · " if size is not None else ""
-    return ModelChoice(target, draft, f"{where}draft {draft or 'none'}", "loaded", size)
+    return ModelChoice(target, draft, f"{where}draft {model_label(draft) if draft else 'none'}", "loaded", size)
 
 
 def model_choices(current: Optional[str], current_draft: Optional[str],

@@ -128,8 +128,11 @@ class PairLoading:
         if message.kept and self.target_name:
             self.model_state = "ready"
             self.chat.add_note(f"Could not load {message.model}: {message.message}", "error")
-            self.chat.add_note(f"Still on {self.target_name}" + (f" with {self.draft_name}" if self.draft_name else "")
-                               + "; the conversation goes on.")
+            kept = model_label(self.target_name)  # names, never install paths
+            if self.draft_name:
+                draft = draft_label(self.target_name, self.draft_name)
+                kept += f" with {draft}" if draft == "its draft" else f" with draft {draft}"
+            self.chat.add_note(f"Still on {kept}; the conversation goes on.")
             return
         self.model_state = "failed"
         self.target_name = self.draft_name = None
