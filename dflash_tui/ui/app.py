@@ -369,7 +369,8 @@ class DFlashApp(PairLoading, Branching, TurnStreaming, SessionSaving, ThemeKeepi
         # another engine's token ids mean nothing to this tokenizer: its cycles are for its replay
         self.show_trace(None if elsewhere else reply_for(session.messages, None))
         self.system_prompt = session.system_prompt()
-        self.chat.add_note(f"Opened session “{session.title}”.")
+        ends = session.title.rstrip().endswith((".", "!", "?", "…", "。", "！", "？"))  # its own stop: no second one
+        self.chat.add_note(f"Opened session “{session.title}”" + ("" if ends else "."))
         if elsewhere:
             self.chat.add_note(elsewhere_note(saved, self.target_name, here))
         same_draft = self.remote is not None or (session.draft or None) == self.draft_name

@@ -66,6 +66,7 @@ class MessageBlock(Vertical, can_focus=True):
 
     BINDINGS = message_bindings()
     ROLE = "message"
+    COPIED = "The message"  # what the copy toast calls it, in a sentence (ROLE is the header's word and CSS class)
     EDITABLE = False
 
     class BranchRequest(TextualMessage):
@@ -136,7 +137,7 @@ class MessageBlock(Vertical, can_focus=True):
 
     def action_copy_message(self) -> None:
         self.app.copy_to_clipboard(self.raw_text)
-        self.app.notify(f"The {self.ROLE} message ({len(self.raw_text)} characters) {CLIPBOARD_NOTE}", timeout=4)
+        self.app.notify(f"{self.COPIED} ({len(self.raw_text)} characters) {CLIPBOARD_NOTE}", timeout=4)
 
     def action_copy_code(self) -> None:
         blocks = code_blocks(display_text(self.raw_text))
@@ -149,6 +150,7 @@ class MessageBlock(Vertical, can_focus=True):
 
 class UserMessage(MessageBlock):
     ROLE = "you"
+    COPIED = "Your message"
     EDITABLE = True
 
     def compose(self) -> ComposeResult:
@@ -158,6 +160,7 @@ class UserMessage(MessageBlock):
 
 class SystemPromptMessage(MessageBlock):
     ROLE = "system"
+    COPIED = "The system prompt"
 
     def compose(self) -> ComposeResult:
         yield self.compose_header()
@@ -166,6 +169,7 @@ class SystemPromptMessage(MessageBlock):
 
 class AssistantMessage(MessageBlock):
     ROLE = "assistant"
+    COPIED = "The reply"
 
     def __init__(self, text: str = "", footer: str = "", message_id: Optional[str] = None,
                  versions: Optional[tuple[int, int]] = None, **kwargs) -> None:
