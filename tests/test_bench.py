@@ -300,3 +300,37 @@ def test_verify_parts_times_every_part_of_each_layer_kind_at_one_row_and_a_verif
     assert mixer["ms_4_x_layers"] == pytest.approx(mixer["ms_4"] * 6)
     # the verify rows of a Gated DeltaNet layer's mixer and whole layer ran armed, as a verify does
     assert armed and set(armed) == {"auto"}
+
+
+def test_the_baseline_speed_runs_to_the_step_that_says_end_of_text(qwen3_pair, monkeypatch):
+    """bench's mlx_lm.stream_generate side counts the step that produces EOS, as the engine counts the
+    cycle that only says it: otherwise the comparison would favour DFlash, whose cycle costs more."""
+    import time
+
+    from conftest import reference_tokens
+    from dflash_tui.bench.compare import run_baseline
+
+    prompt = qwen3_pair.target.tokenizer.encode("a slow stop")
+    ref = reference_tokens(qwen3_pair, prompt, 40)
+    k = next(i for i in range(6, 40) if ref[i] not in ref[:i])
+    stop = ref[k]
+    model = qwen3_pair.target.model
+    real_call = type(model).__call__
+
+    def slow_when_stopping(self, inputs, *args, **kwargs):
+        # mlx-lm builds the step after a token before it hands that token out: the step on EOS
+        # delays EOS's own arrival, which is when the reply is known to be over
+        if inputs.shape[-1] == 1 and int(inputs[0, -1].item()) == stop:
+            time.sleep(0.5)
+        return real_call(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "__call__", slow_when_stopping)
+    tok = qwen3_pair.target.tokenizer
+    saved = set(tok.eos_token_ids)
+    tok.eos_token_ids = saved | {stop}
+    try:
+        figures = run_baseline(qwen3_pair, prompt, 40)
+    finally:
+        tok.eos_token_ids = saved
+    assert figures.tokens == ref[:k]
+    assert (k - 1) / figures.decode_tps >= 0.5  # the slow end is in the span

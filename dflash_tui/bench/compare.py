@@ -52,7 +52,8 @@ def run_baseline(pair: Pair, prompt: list[int], max_tokens: int) -> RunFigures:
     tic = time.perf_counter()
     for r in mlx_lm.stream_generate(pair.target.model, pair.target.tokenizer, prompt, max_tokens=max_tokens):
         now = time.perf_counter()
-        if r.finish_reason == "stop":
+        if r.finish_reason == "stop":  # the step that says EOS is waited for, as the engine's last cycle is
+            last_at = now if first_at is not None else last_at
             break
         tokens.append(r.token)
         first_at = first_at or now
