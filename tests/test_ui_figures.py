@@ -45,6 +45,27 @@ async def test_the_probe_speedup_is_on_the_meter_before_the_first_reply(qwen3_di
         assert app.meter.state.probe_tps is None and "(probe)" not in _body(app), _body(app)
 
 
+async def test_after_a_new_block_size_the_last_replys_speedup_says_the_size_it_ran_at(qwen3_dirs):
+    """A reply at block 8, then `/block 4`: its speedup stays, but never as block 4's; it says whose it is."""
+    app = make_app(qwen3_dirs)
+    app.options.max_tokens = 24
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        await send(pilot, app, "hello")
+        await finish_turn(pilot, app)
+        state = app.meter.state
+        assert state.kept_tps and state.kept_is_last, state
+        figure = f"{state.kept_tps / state.baseline_tps:.2f}×"
+        assert figure in _body(app) and "last full reply" not in _body(app), _body(app)
+        await send(pilot, app, "/block 4")
+        await pilot.pause()
+        body = _body(app)
+        assert body.startswith(figure) and "(last full reply, block 8)" in body and "B 4" in body, body
+        await send(pilot, app, "/block 8")  # the size it ran at again: its own figure, nothing to say
+        await pilot.pause()
+        assert figure in _body(app) and "last full reply" not in _body(app), _body(app)
+
+
 async def test_a_block_above_the_drafts_own_is_refused_with_the_reason(qwen3_dirs):
     app = make_app(qwen3_dirs, probe_tokens=0)
     async with app.run_test(size=SIZE) as pilot:

@@ -22,6 +22,7 @@ from dflash_tui.engine.events import Block, Done, Prefill
 from dflash_tui.model_names import draft_label
 from dflash_tui.figure_rules import MIN_TIMED_TOKENS
 from dflash_tui.ui.figure_text import fmt_bytes, fmt_rate, fmt_seconds, sampling_label, short_name
+from dflash_tui.ui.meter_words import fits as _fits, speedup_source
 from dflash_tui.ui.throttle import Throttle
 
 SPARK_SAMPLES = 90
@@ -47,6 +48,7 @@ class MeterState:
     probe_tps: Optional[float] = None  # DFlash on the probe's prompt, measured right after the target alone
     kept_tps: Optional[float] = None  # DFlash decode tok/s of the last full reply (not stopped, not short)
     kept_is_last: bool = True  # False while the last reply was stopped or short, so it is not the one shown
+    kept_block: Any = None  # the block size that last full reply ran at (its Done's: a number or "auto")
     next_block: Optional[int] = None  # the adaptive block size's next choice, from the engine
     active_bytes: Optional[int] = None
     peak_bytes: Optional[int] = None
@@ -183,7 +185,7 @@ class MeterState:
             # a stopped or short reply times its start-up, not the pair: the figure before it stays
             full = ev.finish_reason != "cancelled" and s.get("generated_tokens", len(ev.tokens)) >= MIN_TIMED_TOKENS
             if full and self.turn_tps:
-                self.kept_tps = self.turn_tps
+                self.kept_tps, self.kept_block = self.turn_tps, s.get("block_size")
             self.kept_is_last = full
         if s.get("ttft_s") is not None:
             self.ttft_s = s["ttft_s"]
@@ -228,11 +230,6 @@ class MeterText(Widget):
 
     def render(self) -> Text:
         return self._build(self, self.size.width < COMPACT_BELOW)
-
-
-def _fits(t: Text, more: str, w: "MeterText") -> bool:
-    """Whether `more` fits after the last line of `t` within the meter's width."""
-    return len(t.plain.rsplit("\n", 1)[-1]) + len(more) <= max(w.content_region.width, 1)
 
 
 class SystemMeter(Widget):
@@ -332,7 +329,7 @@ class SystemMeter(Widget):
         keep = MeterState(target=s.target, draft=s.draft, no_draft=s.no_draft, device=s.device, where=s.where,
                           settings=s.settings, baseline_tps=s.baseline_tps, probe_tps=s.probe_tps, next_block=s.next_block)
         if keep_speedup and s.kept_tps:
-            keep.kept_tps, keep.kept_is_last = s.kept_tps, False  # no longer the reply the meter shows
+            keep.kept_tps, keep.kept_block, keep.kept_is_last = s.kept_tps, s.kept_block, False  # not the one in view
         self.state = keep
         self._update(spark=True)
 
@@ -385,9 +382,7 @@ class SystemMeter(Widget):
             speedup, source = figure
             slower = round(speedup, 2) < 1  # as shown: 0.995 reads 1.00×, not slower
             t.append(f"{speedup:.2f}×", w.style("warn" if slower else "good"))  # slower than alone: a warning
-            # a reply streaming, not yet 16 tokens: the figure shown is still the last full reply's
-            last = s.kept_is_last and not s.generating
-            where = {"probe": " (probe)", "turn": "" if last else " (last full reply)", "live": ""}[source]
+            where = speedup_source(s, source)  # whose figure: the probe's, this reply's, or an earlier one
             if compact:  # the longest words that fit a narrow meter's line; where the figure is from stays
                 words = ([f"{where}: slower than target alone", f"{where}: slower than alone", f"{where}: slower"]
                          if slower else [f" speedup{where}", where])
