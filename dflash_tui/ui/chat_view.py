@@ -86,6 +86,13 @@ class MessageBlock(Vertical, can_focus=True):
         self.versions = versions  # (position, count) among its versions
         self.add_class(f"-{self.ROLE}")
 
+    @property
+    def _focus_sort_key(self) -> tuple[int, int]:
+        # Textual orders Tab by position: the lowest message first, so Tab from the prompt reaches the
+        # latest message, then older ones, and shift+tab goes back towards the latest and the prompt
+        y, x = super()._focus_sort_key
+        return -y, x
+
     def header_text(self) -> str:
         # markup made of constants and numbers only: the message's own text never goes in here
         links = "[@click=copy_message]copy[/]"
@@ -369,6 +376,10 @@ class ChatView(VerticalScroll):
     def on_mount(self) -> None:
         self._typed_to_prompt = False  # keys typed here went to the prompt, which has not taken the focus yet
         self.anchor()
+
+    def allow_focus(self) -> bool:
+        # with messages shown, Tab goes to them straight away (a focused message scrolls the view as well)
+        return self.can_focus and not self.query(MessageBlock)
 
     # typing or pasting while the conversation (or a message in it) has focus goes to the prompt,
     # not nowhere; a key a focused message binds (e, c, d, ...) stays that message's

@@ -20,6 +20,8 @@ class ChatControls(Protocol):
     """What the slash commands and the palette ask of the chat app (the app is never imported here)."""
 
     baseline: bool
+    generating: bool  # a reply is streaming
+    prompt: Any  # the prompt box (a TextArea with a `value`)
     draft_block_size: int  # the loaded draft's own block size (0: none loaded)
     theme: str
     available_themes: dict[str, Any]
@@ -192,15 +194,41 @@ def slash_suggestions() -> list[str]:
 
 
 # -- the command palette ------------------------------------------------------
+# slash commands that take a value: the palette puts "/name " in the prompt for the user to finish
+_TYPED_IN_PROMPT = (
+    ("Set block size…", "block", "DFlash block size: type N (at most the draft's own) or auto"),
+    ("Set temperature…", "temp", "Sampling temperature: type T (0 = greedy)"),
+    ("Set top-p…", "top-p", "Nucleus sampling: type P"),
+    ("Set top-k…", "top-k", "Sample from the K likeliest tokens: type K (0 = no limit)"),
+    ("Set min-p…", "min-p", "Drop tokens less likely than P times the likeliest: type P (0 = off)"),
+    ("Set max tokens…", "max-tokens", "Longest reply, in tokens: type N"),
+    ("Set the system prompt…", "system", "Type the system prompt (nothing clears it)"),
+    ("Export conversation to…", "export", "Type the Markdown file's path"),
+)
+
+
+def _run_command(app: ChatControls, name: str, arg: str) -> Callable[[], Awaitable[None]]:
+    return lambda: BY_NAME[name].run(app, arg)
+
+
+def _type_in_prompt(app: ChatControls, name: str) -> Callable[[], None]:
+    def run() -> None:
+        app.prompt.value = f"/{name} "
+        app.prompt.focus()
+
+    return run
+
+
 class DFlashProvider(Provider):
     """dflash-tui's own entries in the command palette (ctrl+p)."""
 
     def _entries(self) -> list[tuple[str, str, Callable[[], object]]]:
         app: ChatControls = self.app  # type: ignore[assignment]
+        stop = [("Stop generation", "Stop the reply that is streaming (Esc)", app.action_stop)]
         return [
             ("New conversation", "Start over with the same model", app.action_new_chat),
             ("Regenerate last reply", "Ask the model for the last reply again", app.action_regenerate),
-            ("Stop generation", "Stop the reply that is streaming (Esc)", app.action_stop),
+            *(stop if app.generating else []),  # only while a reply streams
             ("Toggle baseline", "Target-only decoding on/off, to compare with DFlash", lambda: app.set_baseline(not app.baseline)),
             ("Load a model", "Pick a target/draft pair (F3)", app.action_pick_model),
             ("Sessions", "Open, replay, rename or delete saved sessions", app.action_sessions),
@@ -214,8 +242,13 @@ class DFlashProvider(Provider):
              lambda: app.branch_from_palette("delete_pair")),
             ("Copy last reply", "Copy the last assistant message", app.action_copy_reply),
             ("Copy code from last reply", "Copy the code blocks of the last assistant message", app.action_copy_code),
-            ("Save session", "Write the session file now", lambda: app.save_session(announce=True)),
-            ("Export conversation", "Write the conversation as Markdown", lambda: app.export_conversation(None)),
+            ("Save session", "Write the session file now (/save)", lambda: app.save_session(announce=True)),
+            ("Export conversation", "Write the conversation as Markdown (/export)",
+             lambda: app.export_conversation(None)),
+            ("Block size: auto", "Adaptive DFlash block size (/block auto)", _run_command(app, "block", "auto")),
+            ("Block size: the draft's own", "The block size the draft was trained with (/block 0)",
+             _run_command(app, "block", "0")),
+            *[(title, f"{what} (/{name})", _type_in_prompt(app, name)) for title, name, what in _TYPED_IN_PROMPT],
             ("Help", "Slash commands and keys", app.action_help),
         ]
 

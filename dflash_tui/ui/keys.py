@@ -41,6 +41,12 @@ APP_KEYS: tuple[AppKey, ...] = (
            "the system meter (in a replay too)", footer=False),
 )
 
+# how a message gets the focus, for the keys below
+FOCUS_KEYS: tuple[tuple[str, str], ...] = (
+    ("tab · shift+tab · a click", "focus a message, for the keys below: tab from the prompt goes to the latest "
+                                  "message, then to older ones; shift+tab to newer ones and back to the prompt"),
+)
+
 # keys a focused message answers to (click it or Tab to it); the branch keys act on a saved message
 MESSAGE_KEYS: tuple[AppKey, ...] = (
     AppKey("c", "copy_message", "Copy", "on a focused message: copy it"),
@@ -94,6 +100,6 @@ def message_bindings() -> list[Binding]:
 
 
 def help_rows() -> list[tuple[str, str]]:
-    """(key, what it does) for the F1 help: the app's keys, then the prompt's, then a focused message's."""
-    return ([(k.key, k.help) for k in APP_KEYS] + list(PROMPT_KEYS)
+    """(key, what it does) for the F1 help: the app's keys, the prompt's, how to focus a message, its keys."""
+    return ([(k.key, k.help) for k in APP_KEYS] + list(PROMPT_KEYS) + list(FOCUS_KEYS)
             + [(_HELP_KEY_NAMES.get(k.key, k.key), k.help) for k in MESSAGE_KEYS])

@@ -185,6 +185,7 @@ class PromptBox(TextArea):
     def submit(self) -> None:
         text = message_text(self.text)
         if not text:
+            self.value = ""  # only blanks: nothing to send, and nothing left to send by mistake later
             return
         if self.editing is not None:
             if parse_command(text) is None:
