@@ -452,3 +452,80 @@ async def test_jumps_around_a_failed_reply_say_whose_figures_the_meter_shows():
         assert app.screen.player.current_message == 5
         assert "5.08 tokens/cycle" in _meter_text(app), _meter_text(app)
         assert app.screen.meter.border_subtitle == "none recorded: figures from before"
+
+
+# -- the meter at a jump: as the live one read there, on the branch in view --------------------------
+def _stats_of(reply) -> dict:
+    return next(e for e in reply.trace if e.get("type") == "done")["stats"]
+
+
+def _branched_session() -> Session:
+    """The recorded session as the app saves it now: each reply with the target-alone figure its speedup
+    divided by (the first had none: the /baseline reply measured the first); the last reply's prompt
+    mostly cached. That reply was then regenerated as a /baseline reply that measured the target alone
+    at 400 tok/s (the session's own figure, the app's last), and the view went back to the first
+    version, which a user message follows."""
+    session = trace_session()
+    m = session.messages
+    measured = m[4].done().stats["decode_tps"]
+    for i, baseline in ((2, None), (4, measured), (6, measured)):
+        _stats_of(m[i]).pop("baseline_tps", None)
+        if baseline:
+            _stats_of(m[i])["baseline_tps"] = baseline
+    prefill = next(e for e in m[6].trace if e.get("type") == "prefill")
+    prefill["cached_tokens"] = _stats_of(m[6])["cached_tokens"] = 240  # 7 new tokens: too few to time
+    first = m[6]
+    other = [{"t": 0.01, **event_to_dict(Prefill(247, 240, 0.01))},
+             {"t": 0.2, **event_to_dict(Done([5] * 40, "b" * 40, "stop", {
+                 "mode": "baseline", "decode_tps": 400.0, "generated_tokens": 40, "prompt_tokens": 247,
+                 "cached_tokens": 240, "baseline_tps": 400.0, "block_size": 1}))}]
+    session.regenerate_reply("b" * 40, other)
+    session.tree.select(first.id)  # back to the first version: the branch in view
+    session.baseline_tps = 400.0
+    session.add_message("user", "thanks")
+    assert session.messages[6] is first and len(session.messages) == 8
+    return session
+
+
+async def test_a_jump_shows_the_meter_as_the_live_one_read_there_on_the_branch_in_view():
+    """Jumped past a reply, the meter shows that reply's prefill ("cached") and the speedup by the live
+    meter's rule, divided by the target-alone figure that reply recorded (none: no speedup), never
+    an earlier reply's prefill or a figure measured on another branch; as played through to there."""
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = _branched_session()
+    last = session.messages[6].done().stats
+    speedup = f"{last['decode_tps'] / last['baseline_tps']:.2f}× vs"
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await pilot.press(*"nnnnnnn")  # the message after the last reply
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 7
+        jumped = _meter_text(app)
+        assert "prefill cached" in jumped and speedup in jumped and "last full reply" not in jumped, jumped
+        await pilot.press("p", "p", "p", "p")  # the message after the first reply: no baseline then
+        await pilot.pause(0.2)
+        assert app.screen.player.current_message == 3
+        assert "— speedup" in _meter_text(app) and "×" not in _meter_text(app), _meter_text(app)
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:  # played through: the same meter
+        await pilot.pause()
+        await _play_to_the_end(app, pilot)
+        assert _meter_text(app) == jumped
+
+
+async def test_played_instantly_the_meter_draws_the_replys_graph():
+    """All of a reply's cycles at once (instant) draw its tok/s graph, as playing it at 1× does."""
+    from textual.widgets import Sparkline
+
+    from dflash_tui.ui.replay_screen import ReplayApp
+
+    session = trace_session()
+    app = ReplayApp(session, paused=True, theme="textual-dark")
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause()
+        await _play_to_the_end(app, pilot)
+        spark = app.screen.meter.query_one(Sparkline)
+        assert len(app.screen.meter.state.samples) > 1 and len(spark.data) > 1, spark.data
+        assert spark.styles.visibility == "visible"

@@ -28,6 +28,7 @@ from dflash_tui.ui.chat_view import AssistantHandle, ChatView
 from dflash_tui.ui.keys import SWITCH_PANE_KEY
 from dflash_tui.ui.meter import SystemMeter
 from dflash_tui.ui.pane_switch import PaneSwitching
+from dflash_tui.ui.replay_meter import feed_reply, timed_batches
 from dflash_tui.ui.plain_notify import PlainNotify
 from dflash_tui.ui.turns import REPLY_SETTINGS
 
@@ -90,6 +91,10 @@ class ReplayScreen(PaneSwitching, PlainNotify, Screen[None]):
         self._status = ""
         self._pending_text = ""  # reply text not yet handed to the chat view
         self._figures_from: Optional[Message] = None  # the reply whose Done the meter's turn figures are from
+        # the app saves with each reply the target-alone figure its speedup divided by, and none where it had
+        # none; a file from before that has none at all, and the session's own figure stands in
+        self._baseline_per_reply = any(d is not None and d.stats.get("baseline_tps")
+                                       for d in (m.done() for m in session.replies()))
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="replay-main"):
@@ -144,23 +149,23 @@ class ReplayScreen(PaneSwitching, PlainNotify, Screen[None]):
         self._show_status()
 
     def _play(self, cues: list[Cue]) -> None:
-        """Feed cues to the widgets; consecutive blocks go in as one batch."""
-        batch: list[Block] = []
-        batch_end = 0.0
+        """Feed cues to the widgets; consecutive blocks go in together, to the meter in batches of what
+        one tick at 1× holds (so that many at once, instant or after a wait, still draw the reply's graph)."""
+        batch: list[tuple[float, Block]] = []
 
         def flush() -> None:
             nonlocal batch
             if batch:
-                self.acceptance.add_blocks(batch)
-                self.meter.on_blocks(batch, max(0.0, batch_end - self._last_event_at))
-                self._last_event_at = batch_end
-                self._append("".join(b.text for b in batch))
+                blocks = [b for _, b in batch]
+                self.acceptance.add_blocks(blocks)
+                self.meter.on_batches(timed_batches(batch, self._last_event_at, TICK_S))
+                self._last_event_at = batch[-1][0]
+                self._append("".join(b.text for b in blocks))
                 batch = []
 
         for cue in cues:
             if cue.kind == "event" and isinstance(cue.event, Block):
-                batch.append(cue.event)
-                batch_end = cue.at
+                batch.append((cue.at, cue.event))
                 continue
             flush()
             self._cue(cue)
@@ -221,9 +226,10 @@ class ReplayScreen(PaneSwitching, PlainNotify, Screen[None]):
         self.meter.border_subtitle = words
 
     def _baseline_of(self, done: Done) -> None:
-        """The target-alone figure the live meter divided by at this reply, where the session has it."""
-        if done.stats.get("baseline_tps"):
-            self.meter.set_baseline_tps(done.stats["baseline_tps"])
+        """The target-alone figure the live meter divided by at this reply (none: it had none, so no
+        speedup), never the session's, which may be a later reply's or another branch's."""
+        if self._baseline_per_reply:  # else (an older file) the session's figure stays
+            self.meter.set_baseline_tps(done.stats.get("baseline_tps"))
 
     def _peak_of(self, done: Done) -> None:
         """From a reply's start, the peak the live meter showed once it was done: the peak since load
@@ -263,17 +269,17 @@ class ReplayScreen(PaneSwitching, PlainNotify, Screen[None]):
             await self.chat.clear()
             self.acceptance.reset()
             self.meter.reset_turns()
+            self.meter.set_baseline_tps(recorded_baseline(self.session))  # as at the start: none of a later reply's
             shown = None  # the last reply whose figures the meter shows: its settings go beside them
             in_view = None  # the last reply shown, figures or not
             for i in range(index):
                 self._add_whole(i)
                 m = self.session.messages[i]
                 in_view = m if m.role == "assistant" else in_view
-                done = m.done()
-                if done is not None:
-                    self._baseline_of(done)
-                    self.meter.on_done(done)  # the meter's per-turn figures up to here
-                    shown = m
+                if m.role == "assistant" and m.trace:  # the meter as the live one read after it (this branch)
+                    self.meter.set_settings(reply_settings(self.session, m))
+                    if feed_reply(self.meter, m, TICK_S, self._baseline_of) is not None:
+                        shown = m
             self.meter.set_settings(reply_settings(self.session, shown))
             self._figures_from = shown
             self._say_whose(in_view)
