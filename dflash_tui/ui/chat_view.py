@@ -23,6 +23,7 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.message import Message as TextualMessage
+from textual.widget import AwaitMount
 from textual.widgets import Label, Markdown, ProgressBar, Static
 
 from dflash_tui.ui.keys import message_bindings
@@ -470,6 +471,10 @@ class ChatView(VerticalScroll):
         found = self.query(AssistantMessage)
         return found.last() if found else None
 
-    def clear(self):
-        """Remove every message (awaitable)."""
-        return self.remove_children()
+    async def clear(self) -> None:
+        """Remove every message, once the ones still mounting are mounted (the fill before this clear
+        mounts without waiting; a message taken away mid-mount loses its parts under its own on_mount)."""
+        mounting = [child for child in self.children if not child.is_mounted]
+        if mounting:
+            await AwaitMount(self, mounting)
+        await self.remove_children()
