@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
-from dflash_tui.engine.config_values import is_whole
 from dflash_tui.engine.facts import (
-    CheckpointError, DraftFacts, Location, TargetFacts, cache_bytes, draft_facts, human_bytes, locate, read_config,
-    read_weights, target_facts, vocab_tensors,
+    DraftFacts, Location, TargetFacts, cache_bytes, check_vocab_rows, draft_facts, human_bytes, locate,
+    read_config, target_facts,
 )
 from dflash_tui.engine.fit import Check, fit_checks
 from dflash_tui.engine.registry import choose_draft
@@ -147,32 +145,6 @@ def _mlx_lm_support(folder) -> Check:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return Check("architecture", False, f"mlx-lm {mlx_lm.__version__} cannot read its config.json: {first}")
     return Check("architecture", True, f"model_type {cfg.get('model_type')} (mlx-lm {mlx_lm.__version__})")
-
-
-def check_vocab_rows(folder: Path) -> None:
-    """CheckpointError naming both numbers where the rows of the embedding or of an untied lm_head (read from
-    the safetensors headers) are not the vocab_size mlx-lm builds them with. A padded vocabulary is no
-    exception: published configs state the padded size; mlx-lm's sharded load skips the shape check, so
-    there such a model would load wrong instead."""
-    from mlx_lm.utils import _get_classes
-
-    cfg = read_config(folder)
-    args = _get_classes(config=cfg)[1].from_dict(cfg)
-    text = getattr(args, "text_config", None)  # a wrapper's (Qwen3.5, Gemma 4) language model is built from this
-    lm = text if isinstance(text, dict) else vars(args)
-    vocab = lm.get("vocab_size")
-    if not is_whole(vocab):
-        return
-    # unstated in a wrapper's text_config, tying defaults by family (Gemma 4 ties, Qwen3.5 not): its lm_head left alone;
-    # a model whose settings have no such field builds its own head (gpt-oss)
-    tied = lm.get("tie_word_embeddings", None if lm is text else False)
-    # mlx-lm makes the embedding and an untied lm_head exactly vocab_size rows and loads strictly; a tied lm_head is dropped
-    wrong = [t for t in vocab_tensors(read_weights(folder, "model*.safetensors")) if t.shape[0] != vocab
-             and (t.name.endswith("embed_tokens.weight") or (tied is not None and not tied))]
-    if wrong:
-        rows = " and ".join(f"{t.name} has {t.shape[0]} rows" for t in wrong)
-        raise CheckpointError(f"config.json's vocab_size is {vocab}, but {rows}: mlx-lm builds "
-                              f"{'them' if len(wrong) > 1 else 'it'} with vocab_size rows and cannot load this")
 
 
 def _hybrid_extra(t: TargetFacts, block: int, backend: str) -> int:

@@ -363,6 +363,32 @@ def vocab_tensors(tensors: list[Tensor]) -> list[Tensor]:
             and not _dropped(t.name)]
 
 
+def check_vocab_rows(folder: Path) -> None:
+    """CheckpointError naming both numbers where the rows of the embedding or of an untied lm_head (read from
+    the safetensors headers) are not the vocab_size mlx-lm builds them with. A padded vocabulary is no
+    exception: published configs state the padded size; mlx-lm's sharded load skips the shape check, so
+    there such a model would load wrong instead."""
+    from mlx_lm.utils import _get_classes
+
+    cfg = read_config(folder)
+    args = _get_classes(config=cfg)[1].from_dict(cfg)
+    text = getattr(args, "text_config", None)  # a wrapper's (Qwen3.5, Gemma 4) language model is built from this
+    lm = text if isinstance(text, dict) else vars(args)
+    vocab = lm.get("vocab_size")
+    if not is_whole(vocab):
+        return
+    # unstated in a wrapper's text_config, tying defaults by family (Gemma 4 ties, Qwen3.5 not): its lm_head left alone;
+    # a model whose settings have no such field builds its own head (gpt-oss)
+    tied = lm.get("tie_word_embeddings", None if lm is text else False)
+    # mlx-lm makes the embedding and an untied lm_head exactly vocab_size rows and loads strictly; a tied lm_head is dropped
+    wrong = [t for t in vocab_tensors(read_weights(folder, "model*.safetensors")) if t.shape[0] != vocab
+             and (t.name.endswith("embed_tokens.weight") or (tied is not None and not tied))]
+    if wrong:
+        rows = " and ".join(f"{t.name} has {t.shape[0]} rows" for t in wrong)
+        raise CheckpointError(f"config.json's vocab_size is {vocab}, but {rows}: mlx-lm builds "
+                              f"{'them' if len(wrong) > 1 else 'it'} with vocab_size rows and cannot load this")
+
+
 def _loaded_bytes(cfg: dict[str, Any], tensors: list[Tensor]) -> int:
     """What the weights take once mlx-lm has loaded them: as stored, except what it drops (the
     multi-token prediction heads, vision and audio towers, a tied head's copy), and FP8

@@ -175,8 +175,7 @@ def locate_pair(model: str, draft: Optional[str] = None, progress: Optional[Prog
 def _check_vocab_rows(model: str, folder: Path) -> None:
     """The embedding's rows against vocab_size before loading: mlx-lm's sharded load does not compare
     shapes, so there a mismatch would load and write nonsense instead of failing."""
-    from dflash_tui.engine.diagnose import check_vocab_rows
-    from dflash_tui.engine.facts import CheckpointError
+    from dflash_tui.engine.facts import CheckpointError, check_vocab_rows
 
     try:
         check_vocab_rows(folder)
