@@ -21,8 +21,9 @@ def _kernels_source(ctype: str, m: int, npt: int) -> str:
     """Every variant's kernel in one translation unit."""
     kernels = [cc.kernel(f"rowwise_{name}", cr._ROWWISE_SOURCE, [("x", ctype), ("w", ctype)], [("out", ctype)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
-                          f"constexpr int R = {v.features}", f"constexpr int G = {v.row_groups}",
-                          f"constexpr int W = {v.warps}", f"constexpr int S = {v.steps}"])
+                          f"constexpr int F = {v.features}", f"constexpr int FS = {v.feature_sets}",
+                          f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
+                          f"constexpr int MB = {cr.block_rows(m, v)}"])
                for name, v in cr.VARIANTS.items()]
     return cc.translation_unit(ck._HEADER + cr._ROWWISE_HEADER, kernels)
 
@@ -40,10 +41,26 @@ def test_n_per_thread_is_mlx_gemv_rule():
 
 def test_every_variant_fits_a_block():
     for name, v in cr.VARIANTS.items():
-        assert v.warps % v.row_groups == 0 and v.warps * 32 <= 1024, name
-        assert v.features * -(-cr.MAX_ROWS // v.row_groups) <= 128, name  # sums per lane the fold takes
-        assert cr.shared_bytes(cr.MAX_ROWS, 128, 4, v) <= 227 * 1024, name
-    assert cr.DEFAULT_VARIANT in cr.VARIANTS
+        assert v.features in (1, 2, 4) and 128 * v.feature_sets <= 1024, name
+        assert v.features * v.rows <= 128, name  # sums per thread the fold takes
+        for m in (2, 7, cr.MAX_ROWS):
+            for k, itemsize in ((9728, 2), (2880, 2), (1001, 2), (4096, 4)):
+                assert cr.shared_bytes(m, k, itemsize, v) <= 227 * 1024, (name, m, k)
+    assert cr.DEFAULT_VARIANT in cr.VARIANTS and cr.SMALL_VARIANT in cr.VARIANTS
+
+
+def test_small_outputs_get_the_small_grid_variant():
+    per_block = cr.VARIANTS[cr.DEFAULT_VARIANT].features_per_block()
+    assert cr.choose_variant(1024) == cr.SMALL_VARIANT  # k and v of a 4B target
+    assert cr.choose_variant(per_block * (cr.SMALL_GRID - 1)) == cr.SMALL_VARIANT
+    assert cr.choose_variant(per_block * cr.SMALL_GRID) == cr.DEFAULT_VARIANT
+    assert cr.choose_variant(2560) == cr.DEFAULT_VARIANT and cr.choose_variant(151936) == cr.DEFAULT_VARIANT
+
+
+def test_block_rows_never_exceed_the_rows():
+    v = cr.VARIANTS[cr.DEFAULT_VARIANT]
+    assert [cr.block_rows(m, v) for m in (2, 7, 16)] == [2, 7, 16]
+    assert cr.block_rows(16, cr.VARIANTS[cr.SMALL_VARIANT]) == 8
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
@@ -72,7 +89,7 @@ def test_bad_arguments_are_one_clear_error():
 def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
     from dflash_tui.bench import rowwise
 
-    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "r4w4s2", "r8g2w8s2"]) == 0
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs2mb16", "f2fs2mb8"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
     shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
@@ -81,13 +98,13 @@ def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
         assert "error" not in r, r
         if r["part"] == "rowwise" and r["variant"] != "mlx":
             assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
-    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "r4w4s2", "r8g2w8s2"}
+    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs2mb16", "f2fs2mb8"}
     assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
                for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
                and r["variant"] != "mlx")
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "r4w4s2", "r8g2w8s2"}
+    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "f4fs2mb16", "f2fs2mb8"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
     assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
     assert report["summary"]["inexact_variants"] == []

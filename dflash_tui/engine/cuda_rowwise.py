@@ -13,18 +13,18 @@ added by cooperative_groups' reduce: a butterfly with offsets 16, 8, 4, 2, 1
 (`coalesced_reduce`), and the float is rounded to the output type.
 
 The kernel below keeps exactly that per-(row, feature) order and makes M rows cheap:
-- the M input rows are staged in shared memory as float, one tile of S steps (32*NPT*S
-  columns) at a time, double-buffered (cp.async into a staging copy, converted by the
-  thread that fetched it), so a tile boundary never splits a lane's sequence;
-- each warp computes R output features for MG = ceil(M / G) rows (G warps share the features
-  and split the rows), so each weight value loaded serves MG rows and each input value R
-  features; the weights of the next tile are loaded while this one is computed;
-- the R*MG lane sums are reduced by a transposing butterfly: at offset o a lane keeps half
-  of its sums and adds its partner's copy of them, which is the butterfly's own tree (the
-  same two operands at every node) with ~10x fewer shuffles.
+- thread c of a gemv warp is one chain of sums; here the 32 chains of a feature are spread over
+  4 warps (8 chains a warp, 4 feature groups of F features each), so the lanes that read one
+  input value from shared memory are a broadcast and each input value serves F features;
+- the weights and the block's MB input rows go to shared memory by cp.async, one step (32*NPT
+  columns) a tile, four tiles in flight; each thread converts its own copies of the inputs to
+  float, and reads its weights from shared memory, each serving MB rows;
+- the chains are added in gemv's butterfly: offsets 16 and 8 across warps through shared
+  memory, then 4, 2, 1 inside a warp by a transposing butterfly (a lane keeps half of its sums
+  and adds its partner's copy of them: the same two operands at every node, fewer shuffles).
 
-`variant` names (R, G, warps per block, S); `python -m dflash_tui.bench.rowwise` measures
-them. Off CUDA (and where the kernel does not apply) the result is MLX's own `x @ w.T`.
+`variant` names (F, FS, MB); `python -m dflash_tui.bench.rowwise` measures them. Off CUDA (and
+where the kernel does not apply) the result is MLX's own `x @ w.T`.
 """
 
 from __future__ import annotations
@@ -42,25 +42,14 @@ _ROWWISE_HEADER = """
 template <typename T, int N>
 struct alignas(sizeof(T) * N) dflash_vec { T v[N]; };
 
-// One N-element vector load through the read-only path (8, 4 or 2 bytes, or 16 for float x4).
-template <int N, typename T>
-__device__ __forceinline__ dflash_vec<T, N> dflash_ldg(const T* p) {
-  dflash_vec<T, N> out;
-  constexpr int B = sizeof(T) * N;
-  if constexpr (B == 16) *reinterpret_cast<uint4*>(&out) = __ldg(reinterpret_cast<const uint4*>(p));
-  else if constexpr (B == 8) *reinterpret_cast<uint2*>(&out) = __ldg(reinterpret_cast<const uint2*>(p));
-  else if constexpr (B == 4) *reinterpret_cast<unsigned*>(&out) = __ldg(reinterpret_cast<const unsigned*>(p));
-  else *reinterpret_cast<unsigned short*>(&out) = __ldg(reinterpret_cast<const unsigned short*>(p));
-  return out;
-}
-
 __device__ __forceinline__ void dflash_cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(s), "l"(gmem));
 }
-__device__ __forceinline__ void dflash_cp_async_wait() {
-  asm volatile("cp.async.commit_group;\\ncp.async.wait_group 0;\\n" ::: "memory");
-}
+__device__ __forceinline__ void dflash_cp_async_commit() { asm volatile("cp.async.commit_group;\\n" ::: "memory"); }
+// Wait until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void dflash_cp_async_wait_pending() { asm volatile("cp.async.wait_group %0;\\n" :: "n"(N) : "memory"); }
 
 // The butterfly sum over a warp (offsets 16, 8, 4, 2, 1: cooperative_groups' reduce) of P
 // values per lane at once. At offset O a lane keeps C/2 of its C values (the upper half where
@@ -88,179 +77,218 @@ __device__ __forceinline__ void dflash_fold(float (&v)[P], int lane, int& base) 
 }
 """
 
-# Template constants: T, M (rows), NPT (MLX gemv's n_per_thread for K), R (features per warp),
-# G (warps sharing the features, splitting the rows), W (warps per block), S (steps per tile).
+# Template constants: T, M (rows), NPT (MLX gemv's n_per_thread for K), F (features per thread:
+# 1, 2 or 4), FS (feature sets per block; a block is 4 * FS warps), S (steps per tile), NST (tiles
+# in flight: a ring of NST shared-memory stages filled by cp.async), MB (rows per block; the
+# grid's y splits the M rows in blocks of MB).
 _ROWWISE_SOURCE = """
-  constexpr int MG = (M + G - 1) / G;          // rows per warp
-  constexpr int FG = W / G;                    // feature groups per block
-  constexpr int STEP = 32 * NPT;               // columns per step of a warp
+  constexpr int STEP = 32 * NPT;               // columns per step of one gemv warp
   constexpr int TK = STEP * S;                 // columns per tile
-  constexpr int XV = 16 / sizeof(T);           // x elements per 16-byte copy
-  constexpr int TV = M * TK / XV;              // 16-byte copies per tile
-  constexpr int PER = (TV + 32 * W - 1) / (32 * W);
-  constexpr int V = R * MG;                    // sums per lane
+  constexpr int XV = 16 / sizeof(T);           // elements per 16-byte copy
+  constexpr int NTH = 128 * FS;                // threads per block
+  constexpr int FB = 4 * F * FS;               // features per block
+  constexpr int WP = TK + (64 / F) / sizeof(T);  // weight row pitch: the 4 feature groups of a warp on different banks
+  constexpr int WC = FB * TK / XV, XC = MB * TK / XV;  // 16-byte copies of a tile's weights and x
+  constexpr int WPER = (WC + NTH - 1) / NTH, XPER = (XC + NTH - 1) / NTH;
+  constexpr int V = F * MB;                    // sums per thread
   constexpr int P = V <= 1 ? 1 : V <= 2 ? 2 : V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : V <= 32 ? 32 : V <= 64 ? 64 : 128;
-  static_assert(W % G == 0 && V <= 128, "rowwise variant");
+  static_assert((F == 1 || F == 2 || F == 4) && NST >= 2 && V <= 128, "rowwise variant");
   const int N = w_shape[0], K = w_shape[1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int f0 = (blockIdx.x * FG + warp / G) * R;
-  const int m0 = (warp % G) * MG;
+  // A gemv warp's 32 lanes are 32 independent chains: chain c here is gemv's lane c. Warp w holds
+  // chains 8*(w%4) .. +7 for 4 groups of F features (lane / 8), so the lanes that read one x value
+  // from shared memory are a broadcast, and the 4 warps of a feature set hold all 32 chains.
+  const int g = warp & 3, fset = warp >> 2;
+  const int c = 8 * g + (lane & 7);
+  const int frow = (fset * 4 + (lane >> 3)) * F;          // the thread's first feature in the block
+  const int fb0 = blockIdx.x * FB, f0 = fb0 + frow;
+  const int m0 = blockIdx.y * MB;
+  const T* xb = x + (size_t)m0 * K;
+  auto xrow = [&](int m) { return min(m0 + m, M - 1) - m0; };  // rows past M repeat the last (not written)
   const int NS = (K + STEP - 1) / STEP;
   float acc[P];
 #pragma unroll
   for (int i = 0; i < P; i++) acc[i] = 0.f;
-  const T* wrow = w + (size_t)min(f0, N - 1) * K;
-  int roff[R];  // feature r's row, past N clamped to the last
-#pragma unroll
-  for (int r = 0; r < R; r++) roff[r] = (min(f0 + r, N - 1) - min(f0, N - 1)) * K;
 
-  // MLX's own n_per_thread for this weight pointer (x of a decode step is a fresh, aligned array)
-  const uintptr_t wp = reinterpret_cast<uintptr_t>(w);
+  extern __shared__ __align__(16) float dflash_smem[];
+  const uintptr_t wp = reinterpret_cast<uintptr_t>(w), xp = reinterpret_cast<uintptr_t>(x);
+  // MLX's one-row gemv reads NPT values a lane where K allows and both pointers are aligned to NPT
+  // elements (a decode step's input is a fresh array: aligned).
   const int npt_mlx = (K % 128 == 0 && wp % (4 * sizeof(T)) == 0) ? 4 : (K % 64 == 0 && wp % (2 * sizeof(T)) == 0) ? 2 : 1;
-  if (npt_mlx != NPT) {
-    // A weight view at an odd offset: MLX's gemv then reads fewer values per lane. Replay that
-    // order plainly (slow, rare; no shared memory).
-    for (int col = npt_mlx * lane; col < K; col += 32 * npt_mlx)
+  if (npt_mlx != NPT || xp % (NPT * sizeof(T)) != 0) {
+    // A weight view at an odd offset (MLX's gemv then reads fewer values a lane), or an input
+    // view this kernel cannot read a step at a time: replay that order plainly (slow, rare).
+    for (int col = npt_mlx * c; col < K; col += 32 * npt_mlx)
       for (int j = 0; j < npt_mlx; j++) {
-        float wv[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) wv[r] = dflash_f(wrow[roff[r] + col + j]);
+        for (int m = 0; m < MB; m++) {
+          const float xv = dflash_f(xb[(size_t)xrow(m) * K + col + j]);
 #pragma unroll
-        for (int mm = 0; mm < MG; mm++) {
-          const int m = m0 + mm;
-          if (M % G == 0 || m < M) {
-            const float xv = dflash_f(x[(size_t)m * K + col + j]);
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r * MG + mm] = fmaf(wv[r], xv, acc[r * MG + mm]);
-          }
+          for (int r = 0; r < F; r++)
+            acc[r * MB + m] = fmaf(dflash_f(w[(size_t)min(f0 + r, N - 1) * K + col + j]), xv, acc[r * MB + m]);
         }
       }
   } else {
-    extern __shared__ __align__(16) float dflash_smem[];
-    float* xs = dflash_smem;                                         // [2][M][TK] float
-    T* stage = reinterpret_cast<T*>(dflash_smem + 2 * M * TK);       // [M][TK] raw copy of the next tile
-    const bool x_vec = K % XV == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    T* wraw = reinterpret_cast<T*>(dflash_smem);             // [NST][FB][WP]
+    T* xraw = wraw + NST * FB * WP;                          // [NST][MB][TK]
+    float* xf = reinterpret_cast<float*>(xraw + NST * MB * TK);  // [2][MB][TK] float
+    const bool w_vec = K % XV == 0 && wp % 16 == 0;
+    const bool x_vec = K % XV == 0 && xp % 16 == 0;
     const int NT = (NS + S - 1) / S;
 
-    // Tile t of x: 16-byte cp.async copies into `stage` (or plain loads where x is not aligned),
-    // then each thread converts the copies it made into the float buffer.
-    auto fetch = [&](int t) {
-      if (!x_vec) return;
+    // Tile t into stage t % NST: 16-byte cp.async copies (plain loads where a row is not aligned).
+    auto issue = [&](int t) {
+      if (t < NT) {
+        T* ws = wraw + (t % NST) * FB * WP;
+        T* xs = xraw + (t % NST) * MB * TK;
 #pragma unroll
-      for (int p = 0; p < PER; p++) {
-        const int v = threadIdx.x + p * 32 * W;
-        if (TV % (32 * W) == 0 || v < TV) {
-          const int m = v / (TK / XV), c = (v % (TK / XV)) * XV, col = t * TK + c;
-          if (col < K) dflash_cp_async16(stage + m * TK + c, x + (size_t)m * K + col);
+        for (int p = 0; p < WPER; p++) {
+          const int v = threadIdx.x + p * NTH;
+          if (WC % NTH == 0 || v < WC) {
+            const int row = v / (TK / XV), cc = (v % (TK / XV)) * XV, col = t * TK + cc;
+            const T* src = w + (size_t)min(fb0 + row, N - 1) * K + col;
+            if (w_vec) {
+              if (col < K) dflash_cp_async16(ws + row * WP + cc, src);
+            } else {
+#pragma unroll
+              for (int e = 0; e < XV; e++) ws[row * WP + cc + e] = col + e < K ? src[e] : T(0.f);
+            }
+          }
+        }
+        if (x_vec) {
+#pragma unroll
+          for (int p = 0; p < XPER; p++) {
+            const int v = threadIdx.x + p * NTH;
+            if (XC % NTH == 0 || v < XC) {
+              const int m = v / (TK / XV), cc = (v % (TK / XV)) * XV, col = t * TK + cc;
+              if (col < K) dflash_cp_async16(xs + m * TK + cc, xb + (size_t)xrow(m) * K + col);
+            }
+          }
         }
       }
+      dflash_cp_async_commit();  // one group per tile, empty past the end, so the counting stays uniform
     };
-    auto convert = [&](int t, float* dst) {
-      if (x_vec) dflash_cp_async_wait();
+    // This thread's own x copies of tile t, as float (the cp.async wait covers only its own copies).
+    auto convert = [&](int t) {
+      const T* xs = xraw + (t % NST) * MB * TK;
+      float* dst = xf + (t & 1) * MB * TK;
 #pragma unroll
-      for (int p = 0; p < PER; p++) {
-        const int v = threadIdx.x + p * 32 * W;
-        if (TV % (32 * W) == 0 || v < TV) {
-          const int m = v / (TK / XV), c = (v % (TK / XV)) * XV, col = t * TK + c;
+      for (int p = 0; p < XPER; p++) {
+        const int v = threadIdx.x + p * NTH;
+        if (XC % NTH == 0 || v < XC) {
+          const int m = v / (TK / XV), cc = (v % (TK / XV)) * XV, col = t * TK + cc;
           float f[XV];
           if (x_vec && col < K) {
-            const dflash_vec<T, XV> h = *reinterpret_cast<const dflash_vec<T, XV>*>(stage + m * TK + c);
+            const dflash_vec<T, XV> h = *reinterpret_cast<const dflash_vec<T, XV>*>(xs + m * TK + cc);
 #pragma unroll
             for (int e = 0; e < XV; e++) f[e] = dflash_f(h.v[e]);
           } else {
 #pragma unroll
-            for (int e = 0; e < XV; e++) f[e] = col + e < K ? dflash_f(x[(size_t)m * K + col + e]) : 0.f;
+            for (int e = 0; e < XV; e++) f[e] = col + e < K ? dflash_f(xb[(size_t)xrow(m) * K + col + e]) : 0.f;
           }
 #pragma unroll
           for (int e = 0; e < XV; e += 4)
-            *reinterpret_cast<float4*>(dst + m * TK + c + e) = make_float4(f[e], f[e + 1], f[e + 2], f[e + 3]);
+            *reinterpret_cast<float4*>(dst + m * TK + cc + e) = make_float4(f[e], f[e + 1], f[e + 2], f[e + 3]);
         }
       }
     };
 
-    dflash_vec<T, NPT> wb[S][R];  // the weights of one tile, loaded a tile ahead
-    auto load_w = [&](int gs, dflash_vec<T, NPT> (&slot)[R]) {
-      const int col = gs * STEP + NPT * lane;
-      if (gs < NS && (NPT > 1 || col < K)) {
 #pragma unroll
-        for (int r = 0; r < R; r++) slot[r] = dflash_ldg<NPT>(wrow + roff[r] + col);
-      }
-    };
-
-    fetch(0);
-#pragma unroll
-    for (int s = 0; s < S; s++) load_w(s, wb[s]);
-    convert(0, xs);
+    for (int s = 0; s < NST - 1; s++) issue(s);
+    dflash_cp_async_wait_pending<NST - 2>();
+    convert(0);
     __syncthreads();
     for (int t = 0; t < NT; t++) {
-      const float* xt = xs + (t & 1) * M * TK + NPT * lane;
-      if (t + 1 < NT) fetch(t + 1);
+      issue(t + NST - 1);  // into the stage of tile t - 1, which every thread is done with
+      const T* wt = wraw + (t % NST) * FB * WP + frow * WP + NPT * c;
+      const float* xt = xf + (t & 1) * MB * TK + NPT * c;
 #pragma unroll
       for (int s = 0; s < S; s++) {
         const int gs = t * S + s;
         if (gs < NS) {
-          const bool live = NPT > 1 || gs * STEP + lane < K;  // only NPT 1 has a partial last step
-          dflash_vec<float, NPT> xv[MG];
+          const bool live = NPT > 1 || gs * STEP + c < K;  // only NPT 1 has a partial last step
+          float wf[F][NPT];
 #pragma unroll
-          for (int mm = 0; mm < MG; mm++)
-            if (M % G == 0 || m0 + mm < M) xv[mm] = *reinterpret_cast<const dflash_vec<float, NPT>*>(xt + (m0 + mm) * TK + s * STEP);
+          for (int r = 0; r < F; r++) {
+            const dflash_vec<T, NPT> h = *reinterpret_cast<const dflash_vec<T, NPT>*>(wt + r * WP + s * STEP);
 #pragma unroll
-          for (int j = 0; j < NPT; j++) {
-            float wf[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) wf[r] = dflash_f(wb[s][r].v[j]);
-#pragma unroll
-            for (int mm = 0; mm < MG; mm++)
-              if ((M % G == 0 || m0 + mm < M) && live)
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r * MG + mm] = fmaf(wf[r], xv[mm].v[j], acc[r * MG + mm]);
+            for (int j = 0; j < NPT; j++) wf[r][j] = live ? dflash_f(h.v[j]) : 0.f;
           }
-          load_w(gs + S, wb[s]);
+#pragma unroll
+          for (int m = 0; m < MB; m++) {
+            const dflash_vec<float, NPT> xv = *reinterpret_cast<const dflash_vec<float, NPT>*>(xt + m * TK + s * STEP);
+#pragma unroll
+            for (int j = 0; j < NPT; j++)
+#pragma unroll
+              for (int r = 0; r < F; r++) acc[r * MB + m] = fmaf(wf[r][j], xv.v[j], acc[r * MB + m]);
+          }
         }
       }
-      if (t + 1 < NT) convert(t + 1, xs + ((t + 1) & 1) * M * TK);
+      if (t + 1 < NT) {
+        dflash_cp_async_wait_pending<NST - 2>();  // this thread's copies of tile t + 1 have landed
+        convert(t + 1);
+      }
       __syncthreads();
     }
   }
 
-  int base = 0;
-  dflash_fold<P, P, 16>(acc, lane, base);
-  constexpr int CF = P >= 32 ? P / 32 : 1;           // sums this lane holds
-  constexpr int SPARE = P >= 32 ? 0 : 32 / P - 1;    // lane bits the fold did not split on
-  if ((lane & SPARE) == 0) {
+  // gemv's butterfly over the 32 chains: offsets 16 and 8 pair chains of different warps (through
+  // shared memory), 4, 2, 1 lanes of one warp. Each node adds the same two partial sums.
+  float* red = dflash_smem;                    // [3][V][FS * 32]
+  const int slot = fset * 32 + lane;
+  if (g != 0) {
 #pragma unroll
-    for (int j = 0; j < CF; j++) {
-      const int idx = base + j, r = idx / MG, m = m0 + idx % MG;
-      if (idx < V && m < M && f0 + r < N) out[(size_t)m * N + f0 + r] = T(acc[j]);
+    for (int i = 0; i < V; i++) red[((g - 1) * V + i) * (FS * 32) + slot] = acc[i];
+  }
+  __syncthreads();
+  if (g == 0) {
+#pragma unroll
+    for (int i = 0; i < V; i++) {
+      const float c8 = red[i * (FS * 32) + slot];              // chain + 8
+      const float c16 = red[(V + i) * (FS * 32) + slot];       // chain + 16
+      const float c24 = red[(2 * V + i) * (FS * 32) + slot];   // chain + 24
+      acc[i] = (acc[i] + c16) + (c8 + c24);
+    }
+    int base = 0;
+    dflash_fold<P, P, 4>(acc, lane, base);
+    constexpr int CF = P >= 8 ? P / 8 : 1;           // sums this lane holds
+    constexpr int SPARE = P >= 8 ? 0 : 8 / P - 1;    // lane bits the fold did not split on
+    if ((lane & SPARE) == 0) {
+#pragma unroll
+      for (int j = 0; j < CF; j++) {
+        const int idx = base + j, r = idx / MB, m = m0 + idx % MB;
+        if (idx < V && m < M && f0 + r < N) out[(size_t)m * N + f0 + r] = T(acc[j]);
+      }
     }
   }
 """
-
 
 @dataclass(frozen=True)
 class Variant:
     """How the kernel spreads the work; every variant computes the same bits."""
 
-    features: int  # R: output features per warp
-    row_groups: int  # G: warps that share R features, each taking ceil(M / G) rows
-    warps: int  # warps per block (a multiple of row_groups)
-    steps: int  # S: steps of 32*NPT columns per shared-memory tile (and weight prefetch distance)
+    features: int  # F: output features per thread (1, 2 or 4)
+    feature_sets: int  # FS: a block is 4 * FS warps and computes 4 * F * FS features
+    rows: int  # MB: input rows per block (the grid's y splits the M rows)
+
+    def features_per_block(self) -> int:
+        return 4 * self.features * self.feature_sets
 
 
-# Shared memory serves 128 bytes a clock per SM, as many as its 128 float lanes' FMAs: an input
-# value (4 bytes) serves R FMAs and a weight value (2 bytes, through L1) ceil(M/G) of them, so
-# R >= 4 is needed to keep the FMA lanes busy; R*ceil(M/G) sums per lane cost registers. Each
-# block stages all M input rows from L2: M / (R*W/G) of its weight bytes again. W <= 8 keeps
-# any register count (at most 255) launchable.
-# The chain of a Qwen3-4B verify's matmuls on the H200 (bench/rowwise; docs/batch-invariance.md),
-# ms in bf16 / fp16: r8g2w4s2 12.0 / 11.7, r8g2w8s2 12.0 / 12.1, r4w4s2 13.5 / 9.2; MLX's gemm
-# 6.9 / 6.2. Five others measured 12.9-24.4 / 10.9-18.1 were deleted.
+# One tile is one step (32*NPT columns); four tiles are in flight. Measured beside them (H100, the
+# chain of a Qwen3-4B verify's matmuls, docs/batch-invariance.md): two-step tiles with three in
+# flight 8.8 ms, six one-step tiles in flight 8.7 ms, against 8.05 ms.
+STEPS, STAGES = 1, 4
+# The chain's fastest (8.05 ms; cuBLAS's gemm 3.90, the kernel this one replaced 11.0), and the
+# fastest where that gives fewer than SMALL_GRID blocks (k and v of a 4B: 0.36 against 0.59 ms).
+# Eight others measured 8.3-14.6 ms were deleted.
 VARIANTS: dict[str, Variant] = {
-    "r4w4s2": Variant(4, 1, 4, 2),
-    "r8g2w8s2": Variant(8, 2, 8, 2),
-    "r8g2w4s2": Variant(8, 2, 4, 2),
+    "f4fs2mb16": Variant(4, 2, 16),
+    "f2fs2mb8": Variant(2, 2, 8),
 }
-DEFAULT_VARIANT = "r8g2w4s2"  # the bf16 chain's fastest
+DEFAULT_VARIANT = "f4fs2mb16"
+SMALL_VARIANT = "f2fs2mb8"
+SMALL_GRID = 64
 
 
 def n_per_thread(k: int) -> int:
@@ -268,10 +296,25 @@ def n_per_thread(k: int) -> int:
     return 4 if k % 128 == 0 else 2 if k % 64 == 0 else 1
 
 
+def block_rows(m: int, variant: Variant) -> int:
+    """Input rows per block for M rows: the variant's, or M where that is fewer."""
+    return min(variant.rows, m)
+
+
 def shared_bytes(m: int, k: int, itemsize: int, variant: Variant) -> int:
-    """Dynamic shared memory: two float tiles of M rows and one raw staging copy."""
-    tk = 32 * n_per_thread(k) * variant.steps
-    return m * tk * (8 + itemsize)
+    """Dynamic shared memory: the ring of weight and input tiles and two float input tiles, or
+    the cross-warp reduction, whichever is larger."""
+    tk = 32 * n_per_thread(k) * STEPS
+    mb = block_rows(m, variant)
+    pitch = tk + (64 // variant.features) // itemsize
+    ring = STAGES * (variant.features_per_block() * pitch + mb * tk) * itemsize + 2 * mb * tk * 4
+    return max(ring, 3 * variant.features * mb * variant.feature_sets * 32 * 4)
+
+
+def choose_variant(n: int) -> str:
+    """The variant for N output features when none is asked for."""
+    blocks = -(-n // VARIANTS[DEFAULT_VARIANT].features_per_block())
+    return SMALL_VARIANT if blocks < SMALL_GRID else DEFAULT_VARIANT
 
 
 def applies(x: mx.array, w: mx.array) -> bool:
@@ -305,14 +348,15 @@ def rowwise_matmul(x: mx.array, w: mx.array, variant: str | None = None) -> mx.a
         return x @ w.T
     n, k = w.shape
     m = x.size // k
-    name = variant or DEFAULT_VARIANT
+    name = variant or choose_variant(n)
     v = VARIANTS[name]
-    fg = v.warps // v.row_groups
+    mb = block_rows(m, v)
     smem = shared_bytes(m, k, x.dtype.size, v)
+    threads = 128 * v.feature_sets
     out = _kernel(name, smem)(
         inputs=[x.reshape(m, k), w],
-        template=[("T", x.dtype), ("M", m), ("NPT", n_per_thread(k)), ("R", v.features), ("G", v.row_groups),
-                  ("W", v.warps), ("S", v.steps)],
-        grid=(-(-n // (fg * v.features)) * 32 * v.warps, 1, 1), threadgroup=(32 * v.warps, 1, 1),
+        template=[("T", x.dtype), ("M", m), ("NPT", n_per_thread(k)), ("F", v.features), ("FS", v.feature_sets),
+                  ("S", STEPS), ("NST", STAGES), ("MB", mb)],
+        grid=(-(-n // v.features_per_block()) * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(m, n)], output_dtypes=[x.dtype])[0]
     return out.reshape(*x.shape[:-1], n)
