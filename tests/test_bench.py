@@ -254,7 +254,9 @@ def test_cycle_profile_times_every_forward_variant_on_attention_and_hybrid_targe
     for shape in ("tiny", "tiny-hybrid"):
         got = {r["variant"]: r for r in rows if r["shape"] == shape}
         assert set(got) == {"mlx-lm step", "engine step", "mlx-lm verify 4", "engine verify 4",
-                            "engine verify 4 no flush", "draft 4", "mlx-lm forward 2", "mlx-lm forward 7"}, got
+                            "engine verify 4 no flush", "engine verify 4 step rows",
+                            "engine verify 4 step rows no flush", "draft 4", "mlx-lm forward 2",
+                            "mlx-lm forward 7"}, got
         for r in got.values():
             assert "error" not in r, r
             assert 0 < r["build_ms"] <= r["total_ms"]

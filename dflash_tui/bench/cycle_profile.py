@@ -8,7 +8,8 @@ on the same cache length (the cache is trimmed back after each):
 - `mlx-lm step`: the bare mlx-lm model on one token (what `stream_generate` runs);
 - `engine step`: the engine's `Target.forward` on one token (capture hooks armed);
 - `mlx-lm verify L`: the bare model on L tokens; `engine verify L`: `Target.forward`
-  on L tokens, with and without its mid-forward evaluation (`flush_every`);
+  on L tokens, with and without its mid-forward evaluation (`flush_every`), and the
+  same with step rows (every row computed as the decode step at its position);
 - `draft L`: the draft's proposals for a block of L;
 - `mlx-lm forward N` (with `--rows N ...`): the bare model on N tokens, to see where a
   forward's cost jumps with its rows (a kernel that changes with the row count).
@@ -103,6 +104,15 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     target.flush_every = 0
     add(f"engine verify {block} no flush", lambda: list(verify(many)), undo_verify)
     target.flush_every = keep
+    # the same verify with every row computed as the decode step at its position
+    # (engine/step_rows.py; on MLX CUDA only, elsewhere the same as the plain verify)
+    before = target.step_rows
+    target.use_step_rows(True)
+    add(f"engine verify {block} step rows", lambda: list(verify(many)), undo_verify)
+    target.flush_every = 0
+    add(f"engine verify {block} step rows no flush", lambda: list(verify(many)), undo_verify)
+    target.flush_every = keep
+    target.use_step_rows(before)
     state.pending.append(target.forward(one, cache)[1])
     mx.eval(state.pending)
     trim(1)()
