@@ -188,6 +188,19 @@ def test_warm_resume_bench_prefills_only_the_new_turn_warm(qwen3_dirs, capsys):
     assert report["ttft_cold_s"] > 0 and report["ttft_warm_s"] > 0
 
 
+def test_warm_resume_bench_runs_a_random_real_format_shape_hybrid_state_included(capsys):
+    from dflash_tui.bench import warm_resume
+
+    assert warm_resume.main(["--shape", "tiny-hybrid", "--tokens", "700", "--runs", "1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["pair"] == ["tiny-hybrid", "tiny-hybrid-draft"]
+    assert report["prefilled_tokens"]["cold"] == report["prompt_tokens"] > 400
+    assert 0 < report["prefilled_tokens"]["warm"] < report["prompt_tokens"] // 2
+    assert report["same_first_token"] is True and report["file_bytes"] > 0
+    with pytest.raises(SystemExit):
+        warm_resume.main(["--shape", "tiny", "--demo"])
+
+
 def test_batch_invariance_compares_verify_rows_with_decode_steps_bit_for_bit(capsys):
     from dflash_tui.bench import batch_invariance as bi
 

@@ -9,7 +9,12 @@ restart) and asked one more question: cold without the saved file, warm with it.
 Time to first token is from the call to the first token out, the file's reading
 included. The first tokens must agree (the tokens are checked, not assumed).
 
+`--shape NAME` (cycle_cost's shapes) runs a random-weight pair of a real model's shape
+instead, built in memory with a small real tokenizer: a real-size target's prefill
+against its cache file, where no checkpoint can be downloaded.
+
     python -m dflash_tui.bench.warm_resume --demo --tokens 3800 --json
+    python -m dflash_tui.bench.warm_resume --shape qwen3-4b --tokens 4000 --json
 """
 
 from __future__ import annotations
@@ -99,6 +104,7 @@ def run(pair: Pair, texts: list[str], tokens: int, runs: int, root: Path) -> dic
     cold_s, warm_s = statistics.median(cold), statistics.median(warm)
     return {
         "device": str(mx.default_device()),
+        "pair": [pair.target_name, pair.draft_name],
         "prompt_tokens": prompt,
         "prefilled_tokens": prefilled,
         "file_bytes": path.stat().st_size,
@@ -111,7 +117,18 @@ def run(pair: Pair, texts: list[str], tokens: int, runs: int, root: Path) -> dic
     }
 
 
+def shape_pair(shape: str, dtype: mx.Dtype = mx.bfloat16) -> Pair:
+    """A random-weight pair of `shape` (cycle_cost's), driven by a small real tokenizer."""
+    from dflash_tui.bench.cycle_cost import build
+    from dflash_tui.bench.references import tokenizer_for
+
+    target, draft = build(shape, 5, dtype)
+    target.tokenizer = tokenizer_for()
+    return Pair(target, draft, shape, f"{shape}-draft")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    from dflash_tui.bench.cycle_cost import SHAPES
     from dflash_tui.commands.bench import read_prompts
     from dflash_tui.commands.common import (
         add_draft_quant_argument,
@@ -127,13 +144,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--prompt", default=None)
     p.add_argument("--tokens", type=int, default=3800, help="length of the saved conversation, in tokens")
     p.add_argument("--runs", type=int, default=3, help="timed openings of each kind; the median is reported")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                   help="a random-weight pair of this shape (cycle_cost's) instead of --model / --demo")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.prompts is None and args.prompt is None:
         args.prompts = Path(__file__).resolve().parents[1] / "demo" / "heldout_prompts.jsonl"
     texts = read_prompts(args)
-    model, draft = resolve_pair(args)
-    pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, draft_quant=args.draft_quant or 0)
+    if args.shape:
+        if args.model or args.draft or args.demo:
+            p.error("--shape builds its own pair: it cannot be combined with --model, --draft or --demo")
+        pair = shape_pair(args.shape)
+    else:
+        model, draft = resolve_pair(args)
+        pair = load_pair(model, draft, trust_remote_code=args.trust_remote_code, draft_quant=args.draft_quant or 0)
     with tempfile.TemporaryDirectory(prefix="warm-resume-") as tmp:
         report = run(pair, texts, args.tokens, max(1, args.runs), Path(tmp))
     if args.json:
