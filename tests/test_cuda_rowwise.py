@@ -104,7 +104,7 @@ def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
                and r["variant"] != "mlx")
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "one_row_x16", "auto", "f4fs2mb16", "f2fs2mb8"}
+    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs2mb16", "f2fs2mb8"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
     assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
     assert report["summary"]["inexact_variants"] == []

@@ -131,6 +131,8 @@ def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, varian
     gb = sum(w.nbytes for _, w in weights) / 1e9
     modes: dict[str, Callable[[mx.array, mx.array], Any]] = {
         "gemm": lambda x, w: x @ w.T,
+        "gemm_weights_first": lambda x, w: (w @ x.T).T,  # the same product as N x 16: another cuBLAS algorithm
+        "one_row": lambda x, w: x[:1] @ w.T,  # a decode step's matmuls: what the weights' reading costs
         "one_row_x16": lambda x, w: [x[i : i + 1] @ w.T for i in range(ROWS)],
         "auto": lambda x, w: cr.rowwise_matmul(x, w),
     }
@@ -201,10 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", choices=list(cr.VARIANTS), default=list(cr.VARIANTS))
     p.add_argument("--layers", type=int, help="layers in the chain (default: the shape's)")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--chain-reps", type=int, default=3, help="timed evaluations of each chain (median)")
     p.add_argument("--no-extra", action="store_true", help="only the shape's own matmuls")
     args = p.parse_args(argv)
     rows = run(args.shape, [getattr(mx, d) for d in args.dtypes], args.variants, args.layers, args.reps,
-               extra=not args.no_extra)
+               chain_reps=args.chain_reps, extra=not args.no_extra)
     info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "mlx": mx.__version__}
     print(json.dumps({"info": info, "summary": summary(rows), "rows": rows}, indent=2))
     return 0
