@@ -262,9 +262,16 @@ def test_cycle_profile_times_every_forward_variant_on_attention_and_hybrid_targe
     from dflash_tui.bench import cycle_profile
 
     assert cycle_profile.main(["--shape", "tiny", "tiny-hybrid", "--context", "40", "--block-size", "4", "--reps", "1",
-                               "--rows", "2", "7"]) == 0
+                               "--rows", "2", "7", "--python-profile", "5"]) == 0
     rows = json.loads(capsys.readouterr().out)
     for shape in ("tiny", "tiny-hybrid"):
+        python = {r["variant"]: r for r in rows if r["shape"] == shape and r["variant"].startswith("python, ")}
+        assert set(python) == {"python, mlx-lm verify 4", "python, engine verify 4"}
+        for r in python.values():  # the model's own layers are where a build's Python time goes
+            assert len(r["top"]) == 5 and r["build_python_ms"] >= sum(t["own_ms"] for t in r["top"]) > 0
+            assert all(t["calls"] >= 1 for t in r["top"])
+            assert any("mlx_lm/models/" in t["function"] for t in r["top"]), r["top"]
+        rows = [r for r in rows if r not in python.values()]
         got = {r["variant"]: r for r in rows if r["shape"] == shape}
         assert set(got) == {"mlx-lm step", "engine step", "mlx-lm verify 4", "engine verify 4",
                             "engine verify 4 no flush", "engine verify 4 step rows",

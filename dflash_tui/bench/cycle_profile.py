@@ -12,7 +12,10 @@ on the same cache length (the cache is trimmed back after each):
   same with step rows (every row computed as the decode step at its position);
 - `draft L`: the draft's proposals for a block of L;
 - `mlx-lm forward N` (with `--rows N ...`): the bare model on N tokens, to see where a
-  forward's cost jumps with its rows (a kernel that changes with the row count).
+  forward's cost jumps with its rows (a kernel that changes with the row count);
+- `python, mlx-lm verify L` / `python, engine verify L` (with `--python-profile K`): the K
+  Python functions with the most own time while each builds its graph (cProfile over the
+  reps, ms per forward), to see what the engine's build adds to mlx-lm's.
 
 Where `build` is close to `total`, the forward is bound by Python and MLX's
 graph building, not by the GPU; a faster kernel then buys nothing.
@@ -24,7 +27,9 @@ graph building, not by the GPU; a faster kernel then buys nothing.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import time
@@ -53,8 +58,29 @@ def _timed(run: Callable[[], Any], reset: Callable[[], None], reps: int) -> dict
     return {"build_ms": statistics.median(builds), "total_ms": statistics.median(totals)}
 
 
+def python_time(run: Callable[[], Any], reset: Callable[[], None], reps: int, top: int) -> dict[str, Any]:
+    """The `top` functions by own time while `run` builds its graph, ms per call (evaluation
+    and `reset` outside the profile)."""
+    prof = cProfile.Profile()
+    for i in range(reps + 1):
+        if i:
+            prof.enable()
+        out = run()
+        if i:
+            prof.disable()
+        mx.eval(out)
+        reset()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, primitive, own s, cumulative s, callers)}
+    total = sum(v[2] for v in stats.values())
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    where = lambda f: f"{f[0].split('site-packages/')[-1].split('dflash_tui/')[-1]}:{f[1]} {f[2]}"  # noqa: E731
+    return {"build_python_ms": total * 1e3 / reps,
+            "top": [{"function": where(f), "calls": v[0] // reps, "own_ms": v[2] * 1e3 / reps,
+                     "cumulative_ms": v[3] * 1e3 / reps} for f, v in ranked]}
+
+
 def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
-            sweep: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+            sweep: tuple[int, ...] = (), python_top: int = 0) -> list[dict[str, Any]]:
     target, draft = build(shape, 5, dtype)
     state = DecodeState(target, draft)
     prompt = random_prompt(target.vocab_size, context)
@@ -113,6 +139,13 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     add(f"engine verify {block} step rows no flush", lambda: list(verify(many)), undo_verify)
     target.flush_every = keep
     target.use_step_rows(before)
+    if python_top:
+        for name, run, reset in ((f"mlx-lm verify {block}", lambda: bare(many, cache=cache), trim(block)),
+                                 (f"engine verify {block}", lambda: list(verify(many)), undo_verify)):
+            row = {"shape": shape, "context": context, "variant": f"python, {name}",
+                   **python_time(run, reset, reps, python_top)}
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
     state.pending.append(target.forward(one, cache)[1])
     mx.eval(state.pending)
     trim(1)()
@@ -129,11 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--rows", type=int, nargs="*", default=[], metavar="N",
                    help="also time the bare model on N tokens for each N")
+    p.add_argument("--python-profile", type=int, default=0, metavar="K",
+                   help="also list the K Python functions with the most own time in each verify's graph building")
     args = p.parse_args(argv)
     if any(n < 1 for n in args.rows):
         p.error("--rows: each N must be at least 1")
     rows = [r for shape in args.shape for ctx in args.context
-            for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype), tuple(args.rows))]
+            for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype), tuple(args.rows),
+                         args.python_profile)]
     print(json.dumps(rows, indent=1))
     return 0
 
