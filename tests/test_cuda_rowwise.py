@@ -46,21 +46,13 @@ def test_every_variant_fits_a_block():
         for m in (2, 7, cr.MAX_ROWS):
             for k, itemsize in ((9728, 2), (2880, 2), (1001, 2), (4096, 4)):
                 assert cr.shared_bytes(m, k, itemsize, v) <= 227 * 1024, (name, m, k)
-    assert cr.DEFAULT_VARIANT in cr.VARIANTS and cr.SMALL_VARIANT in cr.VARIANTS
-
-
-def test_small_outputs_get_the_small_grid_variant():
-    per_block = cr.VARIANTS[cr.DEFAULT_VARIANT].features_per_block()
-    assert cr.choose_variant(1024) == cr.SMALL_VARIANT  # k and v of a 4B target
-    assert cr.choose_variant(per_block * (cr.SMALL_GRID - 1)) == cr.SMALL_VARIANT
-    assert cr.choose_variant(per_block * cr.SMALL_GRID) == cr.DEFAULT_VARIANT
-    assert cr.choose_variant(2560) == cr.DEFAULT_VARIANT and cr.choose_variant(151936) == cr.DEFAULT_VARIANT
+    assert cr.DEFAULT_VARIANT in cr.VARIANTS
 
 
 def test_block_rows_never_exceed_the_rows():
     v = cr.VARIANTS[cr.DEFAULT_VARIANT]
     assert [cr.block_rows(m, v) for m in (2, 7, 16)] == [2, 7, 16]
-    assert cr.block_rows(16, cr.VARIANTS[cr.SMALL_VARIANT]) == 8
+    assert cr.block_rows(16, cr.Variant(2, 2, 8)) == 8
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
@@ -89,7 +81,7 @@ def test_bad_arguments_are_one_clear_error():
 def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
     from dflash_tui.bench import rowwise
 
-    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs2mb16", "f2fs2mb8"]) == 0
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs2mb16"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
     shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
@@ -98,13 +90,13 @@ def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
         assert "error" not in r, r
         if r["part"] == "rowwise" and r["variant"] != "mlx":
             assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
-    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs2mb16", "f2fs2mb8"}
+    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs2mb16"}
     assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
                for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
                and r["variant"] != "mlx")
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs2mb16", "f2fs2mb8"}
+    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs2mb16"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
     assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
     assert report["summary"]["inexact_variants"] == []

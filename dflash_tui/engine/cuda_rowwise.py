@@ -279,16 +279,14 @@ class Variant:
 # chain of a Qwen3-4B verify's matmuls, docs/batch-invariance.md): two-step tiles with three in
 # flight 8.8 ms, six one-step tiles in flight 8.7 ms, against 8.05 ms.
 STEPS, STAGES = 1, 4
-# The chain's fastest (8.05 ms; cuBLAS's gemm 3.90, the kernel this one replaced 11.0), and the
-# fastest where that gives fewer than SMALL_GRID blocks (k and v of a 4B: 0.36 against 0.59 ms).
-# Eight others measured 8.3-14.6 ms were deleted.
+# The chain's fastest (8.05 ms; cuBLAS's gemm 3.90, the kernel this one replaced 11.0); eight others
+# measured 8.3-14.6 ms were deleted. F2 FS2 MB8 where F4 gives fewer than 64 blocks (k and v of a 4B)
+# won alone (0.36 against 0.59 ms) but lost in the chain inside MLX, twice (9.05 / 9.10 ms against
+# 8.58 / 8.44 with F4 everywhere): deleted too.
 VARIANTS: dict[str, Variant] = {
     "f4fs2mb16": Variant(4, 2, 16),
-    "f2fs2mb8": Variant(2, 2, 8),
 }
 DEFAULT_VARIANT = "f4fs2mb16"
-SMALL_VARIANT = "f2fs2mb8"
-SMALL_GRID = 64
 
 
 def n_per_thread(k: int) -> int:
@@ -309,12 +307,6 @@ def shared_bytes(m: int, k: int, itemsize: int, variant: Variant) -> int:
     pitch = tk + (64 // variant.features) // itemsize
     ring = STAGES * (variant.features_per_block() * pitch + mb * tk) * itemsize + 2 * mb * tk * 4
     return max(ring, 3 * variant.features * mb * variant.feature_sets * 32 * 4)
-
-
-def choose_variant(n: int) -> str:
-    """The variant for N output features when none is asked for."""
-    blocks = -(-n // VARIANTS[DEFAULT_VARIANT].features_per_block())
-    return SMALL_VARIANT if blocks < SMALL_GRID else DEFAULT_VARIANT
 
 
 def applies(x: mx.array, w: mx.array) -> bool:
@@ -348,7 +340,7 @@ def rowwise_matmul(x: mx.array, w: mx.array, variant: str | None = None) -> mx.a
         return x @ w.T
     n, k = w.shape
     m = x.size // k
-    name = variant or choose_variant(n)
+    name = variant or DEFAULT_VARIANT
     v = VARIANTS[name]
     mb = block_rows(m, v)
     smem = shared_bytes(m, k, x.dtype.size, v)
