@@ -140,12 +140,16 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     target.flush_every = keep
     target.use_step_rows(before)
     if python_top:
-        for name, run, reset in ((f"mlx-lm verify {block}", lambda: bare(many, cache=cache), trim(block)),
-                                 (f"engine verify {block}", lambda: list(verify(many)), undo_verify)):
+        for name, run, reset, steps in ((f"mlx-lm verify {block}", lambda: bare(many, cache=cache), trim(block), False),
+                                        (f"engine verify {block}", lambda: list(verify(many)), undo_verify, False),
+                                        (f"engine verify {block} step rows", lambda: list(verify(many)), undo_verify,
+                                         True)):
+            target.use_step_rows(steps)
             row = {"shape": shape, "context": context, "variant": f"python, {name}",
                    **python_time(run, reset, reps, python_top)}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
+        target.use_step_rows(before)
     state.pending.append(target.forward(one, cache)[1])
     mx.eval(state.pending)
     trim(1)()
