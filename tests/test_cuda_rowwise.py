@@ -25,6 +25,15 @@ def _kernels_source(ctype: str, m: int, npt: int) -> str:
                           f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
                           f"constexpr int MB = {cr.block_rows(m, v)}"])
                for name, v in cr.VARIANTS.items()]
+    v = cr.VARIANTS[cr.DEFAULT_VARIANT]
+    for count in (2, 3):  # one launch for products that share their input
+        kernels.append(cc.kernel(f"rowwise{count}", cr._several_weights(count) + cr._ROWWISE_BODY,
+                                 [("x", ctype)] + [(f"w{i}", ctype) for i in range(count)],
+                                 [(f"out{i}", ctype) for i in range(count)],
+                                 [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
+                                  f"constexpr int F = {v.features}", f"constexpr int FS = {v.feature_sets}",
+                                  f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
+                                  f"constexpr int MB = {cr.block_rows(m, v)}"]))
     return cc.translation_unit(ck._HEADER + cr._ROWWISE_HEADER, kernels)
 
 
@@ -68,6 +77,17 @@ def test_off_cuda_it_is_mlx_own_product(dtype, lead):
         assert mx.array_equal(cr.rowwise_matmul(x, w, variant), out)
 
 
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
+def test_several_weights_off_cuda_are_mlx_own_products(dtype):
+    x = mx.random.normal((1, 5, 64)).astype(dtype)
+    ws = [mx.random.normal((n, 64)).astype(dtype) for n in (48, 16, 16)]
+    outs = cr.rowwise_matmuls(x, ws)
+    assert [o.shape for o in outs] == [(1, 5, 48), (1, 5, 16), (1, 5, 16)]
+    assert all(mx.array_equal(o, x @ w.T) for o, w in zip(outs, ws))
+    with pytest.raises(ValueError, match="not \\[..., K\\]"):
+        cr.rowwise_matmuls(x, [ws[0], mx.zeros((8, 32), dtype=dtype)])
+
+
 def test_bad_arguments_are_one_clear_error():
     x, w = mx.zeros((4, 8)), mx.zeros((6, 8))
     with pytest.raises(ValueError, match="not \\[..., K\\] and \\[N, K\\]"):
@@ -81,25 +101,29 @@ def test_bad_arguments_are_one_clear_error():
 def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
     from dflash_tui.bench import rowwise
 
-    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs2mb16"]) == 0
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs1mb16"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
     shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
-    assert {(64, 64), (64, 32), (64, 128), (128, 64), (64, 384), (96, 40), (33, 20)} == shapes
+    assert {(64, 64), (64, 32), (64, 128), (128, 64), (64, 384), (64, 256), (96, 40), (33, 20)} == shapes  # 256: gate+up
     for r in rows:
         assert "error" not in r, r
         if r["part"] == "rowwise" and r["variant"] != "mlx":
             assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
-    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs2mb16"}
+    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs1mb16"}
     assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
                for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
                and r["variant"] != "mlx")
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs2mb16"}
+    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs1mb16",
+                                       "fused_rowwise", "fused_gemm", "several_weights"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
-    assert all(r["matmuls"] == 2 * 7 + 1 for r in chain_rows)
+    assert all(r["matmuls"] == (2 * 4 + 1 if r["mode"].startswith(("fused", "several")) else 2 * 7 + 1) for r in chain_rows)
     assert report["summary"]["inexact_variants"] == []
+    several = [r for r in rows if r["part"] == "rowwise several"]
+    assert [r["matmuls"] for r in several] == ["q+k+v", "gate+up", "q+k+v", "gate+up"]  # both dtypes
+    assert all(r["equal_rows"] == [rowwise.ROWS] * len(r["equal_rows"]) for r in several)
 
 
 def test_equal_rows_compares_bits():
@@ -115,5 +139,5 @@ def test_batch_invariance_has_the_rowwise_part(capsys):
 
     assert bi.main(["--shape", "tiny", "--parts", "rowwise"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
-    assert {r["part"] for r in rows} == {"rowwise", "rowwise chain"}
+    assert {r["part"] for r in rows} == {"rowwise", "rowwise several", "rowwise chain"}
     assert all(r["equal_rows"] == bi.ROWS for r in rows if r["part"] == "rowwise" and r["variant"] != "mlx")

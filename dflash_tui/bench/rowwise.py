@@ -45,6 +45,12 @@ def layer_shapes(spec: dict[str, Any]) -> list[tuple[str, int, int]]:
             ("head", h, spec["vocab"])]
 
 
+def fused_shapes(spec: dict[str, Any]) -> list[tuple[str, int, int]]:
+    """(name, K, N) of the products that share an input, as one product each: q, k, v and gate, up."""
+    by = {name: (k, n) for name, k, n in layer_shapes(spec)}
+    return [("qkv", by["q"][0], by["q"][1] + 2 * by["k"][1]), ("gate_up", by["gate"][0], 2 * by["gate"][1])]
+
+
 def _emit(rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
     rows.append(row)
     print(json.dumps(row), file=sys.stderr, flush=True)
@@ -116,8 +122,10 @@ def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants
         _guarded(rows, {**base, "variant": v}, measure)
 
 
-def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int) -> None:
-    """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph."""
+def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int,
+          fastest: dict[tuple[int, int], str] | None = None) -> None:
+    """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph; with
+    `fastest`, also each matmul by the variant that was fastest on its shape alone."""
     shapes = layer_shapes(spec)
     weights: list[tuple[int, mx.array]] = []
     for li in range(layers):
@@ -138,13 +146,63 @@ def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, varian
     }
     for v in variants:
         modes[v] = lambda x, w, v=v: cr.rowwise_matmul(x, w, v)
+    fastest = fastest or {}
+    if len(variants) > 1:
+        modes["fastest_per_shape"] = lambda x, w: cr.rowwise_matmul(x, w, fastest.get((w.shape[1], w.shape[0])))
     base = {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "layers": layers, "matmuls": len(weights),
             "weight_gb": round(gb, 2)}
     for mode, fn in modes.items():
         _guarded(rows, {**base, "mode": mode}, lambda fn=fn: {
             "ms": call_ms(lambda: [fn(xs[k], w) for k, w in weights], reps)})
+    if layers:
+        # The products that share an input as one launch each (q, k, v; gate, up): what a kernel
+        # taking several weights would cost. Every feature's sums are the same either way.
+        fused: list[tuple[int, mx.array]] = []
+        for li in range(layers):
+            (k, wq), (_, wk), (_, wv), o, (kg, wg), (_, wu), down = weights[7 * li : 7 * li + 7]
+            fused += [(k, mx.concatenate([wq, wk, wv])), o, (kg, mx.concatenate([wg, wu])), down]
+            mx.eval(fused[-4][1], fused[-2][1])
+        fused.append(weights[-1])
+        _guarded(rows, {**base, "mode": "fused_rowwise", "matmuls": len(fused)}, lambda: {
+            "ms": call_ms(lambda: [cr.rowwise_matmul(xs[k], w, fastest.get((k, w.shape[0]))) for k, w in fused],
+                          reps)})
+        _guarded(rows, {**base, "mode": "fused_gemm", "matmuls": len(fused)}, lambda: {
+            "ms": call_ms(lambda: [xs[k] @ w.T for k, w in fused], reps)})
+        fused.clear()
+
+        # The same groups by the kernel that takes several weights (no concatenated copies).
+        def several(x: mx.array, group: list[mx.array]) -> list[mx.array]:
+            return cr.rowwise_matmuls(x, group, fastest.get((x.shape[-1], sum(w.shape[0] for w in group))))
+
+        groups = []
+        for li in range(layers):
+            (k, wq), (_, wk), (_, wv), (ko, wo), (kg, wg), (_, wu), (kd, wd) = weights[7 * li : 7 * li + 7]
+            groups += [(k, [wq, wk, wv]), (ko, [wo]), (kg, [wg, wu]), (kd, [wd])]
+        groups.append((weights[-1][0], [weights[-1][1]]))
+        _guarded(rows, {**base, "mode": "several_weights", "matmuls": len(groups)}, lambda: {
+            "ms": call_ms(lambda: [several(xs[k], g) for k, g in groups], reps)})
     weights.clear()  # the chain's gigabytes go before the next dtype's
     xs.clear()
+
+
+def check_several(rows: list, spec: dict[str, Any], dtype: mx.Dtype) -> None:
+    """Bit-equality of the kernel that takes several weights (q, k, v; gate, up) with one-row products."""
+    by = {name: (k, n) for name, k, n in layer_shapes(spec)}
+    for group in (["q", "k", "v"], ["gate", "up"]):
+        k = by[group[0]][0]
+        base = {"part": "rowwise several", "dtype": str(dtype).split(".")[-1], "matmuls": "+".join(group), "k": k}
+
+        def measure(group: list[str] = group, k: int = k) -> dict[str, Any]:
+            x, _ = _operands(k, 8, dtype, seed=k)
+            ws = [_operands(k, by[name][1], dtype, seed=by[name][1] * 3 + i)[1] for i, name in enumerate(group)]
+            outs = cr.rowwise_matmuls(x, ws)
+            return {"equal_rows": [equal_rows(o, one_row_products(x, w)) for o, w in zip(outs, ws)],
+                    "equal_rows_of_7": [equal_rows(o, one_row_products(x[:7], w))
+                                        for o, w in zip(cr.rowwise_matmuls(x[:7], ws), ws)],
+                    "ms": call_ms(lambda: cr.rowwise_matmuls(x, ws), 20),
+                    "separate_ms": call_ms(lambda: [cr.rowwise_matmul(x, w) for w in ws], 20)}
+
+        _guarded(rows, base, measure)
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -179,13 +237,17 @@ def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | N
     for di, dtype in enumerate(dtypes):
         shapes = layer_shapes(spec)
         seen = set()
-        for name, k, n in shapes:
+        for name, k, n in shapes + fused_shapes(spec):
             if (k, n) not in seen:
                 seen.add((k, n))
                 check_shape(rows, name, k, n, dtype, variants, reps, few_rows=(di == 0 and name == "q"))
+        check_several(rows, spec, dtype)
         n_layers = layers or spec["dims"]["layers"]
+        name = str(dtype).split(".")[-1]
+        fastest = {tuple(int(p) for p in key.split()[-1].split("->")): b["variant"]
+                   for key, b in summary(rows)["fastest_exact_per_shape"].items() if key.startswith(name + " ")}
         try:
-            chain(rows, spec, n_layers, dtype, variants, chain_reps)
+            chain(rows, spec, n_layers, dtype, variants, chain_reps, fastest)
         except Exception as e:  # noqa: BLE001 - e.g. the weights do not fit: the shape rows stand
             _emit(rows, {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "mode": "setup",
                          "error": f"{type(e).__name__}: {e}"[:400]})

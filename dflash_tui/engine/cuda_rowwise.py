@@ -23,7 +23,9 @@ The kernel below keeps exactly that per-(row, feature) order and makes M rows ch
   memory, then 4, 2, 1 inside a warp by a transposing butterfly (a lane keeps half of its sums
   and adds its partner's copy of them: the same two operands at every node, fewer shuffles).
 
-`variant` names (F, FS, MB); `python -m dflash_tui.bench.rowwise` measures them. Off CUDA (and
+`rowwise_matmuls(x, ws)` computes several products of one input in one launch (a verify's q, k, v
+and gate, up), each block exactly as in the one-weight kernel. `variant` names (F, FS, MB);
+`python -m dflash_tui.bench.rowwise` measures them. Off CUDA (and
 where the kernel does not apply) the result is MLX's own `x @ w.T`.
 """
 
@@ -80,8 +82,9 @@ __device__ __forceinline__ void dflash_fold(float (&v)[P], int lane, int& base) 
 # Template constants: T, M (rows), NPT (MLX gemv's n_per_thread for K), F (features per thread:
 # 1, 2 or 4), FS (feature sets per block; a block is 4 * FS warps), S (steps per tile), NST (tiles
 # in flight: a ring of NST shared-memory stages filled by cp.async), MB (rows per block; the
-# grid's y splits the M rows in blocks of MB).
-_ROWWISE_SOURCE = """
+# grid's y splits the M rows in blocks of MB). The prologue before it names N, K, bx (the block's
+# feature block), w and out.
+_ROWWISE_BODY = """
   constexpr int STEP = 32 * NPT;               // columns per step of one gemv warp
   constexpr int TK = STEP * S;                 // columns per tile
   constexpr int XV = 16 / sizeof(T);           // elements per 16-byte copy
@@ -93,7 +96,6 @@ _ROWWISE_SOURCE = """
   constexpr int V = F * MB;                    // sums per thread
   constexpr int P = V <= 1 ? 1 : V <= 2 ? 2 : V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : V <= 32 ? 32 : V <= 64 ? 64 : 128;
   static_assert((F == 1 || F == 2 || F == 4) && NST >= 2 && V <= 128, "rowwise variant");
-  const int N = w_shape[0], K = w_shape[1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // A gemv warp's 32 lanes are 32 independent chains: chain c here is gemv's lane c. Warp w holds
   // chains 8*(w%4) .. +7 for 4 groups of F features (lane / 8), so the lanes that read one x value
@@ -101,7 +103,7 @@ _ROWWISE_SOURCE = """
   const int g = warp & 3, fset = warp >> 2;
   const int c = 8 * g + (lane & 7);
   const int frow = (fset * 4 + (lane >> 3)) * F;          // the thread's first feature in the block
-  const int fb0 = blockIdx.x * FB, f0 = fb0 + frow;
+  const int fb0 = bx * FB, f0 = fb0 + frow;
   const int m0 = blockIdx.y * MB;
   const T* xb = x + (size_t)m0 * K;
   auto xrow = [&](int m) { return min(m0 + m, M - 1) - m0; };  // rows past M repeat the last (not written)
@@ -263,6 +265,25 @@ _ROWWISE_SOURCE = """
   }
 """
 
+# One weight (inputs x, w; output out): this block's features are w's.
+_ONE_WEIGHT = """
+  const int N = w_shape[0], K = w_shape[1], bx = blockIdx.x;
+"""
+
+
+def _several_weights(count: int) -> str:
+    """Inputs x, w0 .. w{count-1} (one K), outputs out0 ..: the grid's blocks go to w0's features
+    first, then w1's, and so on; each block computes exactly what the one-weight kernel would."""
+    lines = ["  const int K = w0_shape[1];", "  int bx = blockIdx.x, N = w0_shape[0];",
+             "  const T* w = w0;", "  T* out = out0;", "  constexpr int FBW = 4 * F * FS;"]
+    for i in range(1, count):
+        lines.append(f"  if (bx >= (N + FBW - 1) / FBW) {{ bx -= (N + FBW - 1) / FBW; N = w{i}_shape[0]; w = w{i}; out = out{i}; }}")
+    return "\n".join(lines) + "\n"
+
+
+_ROWWISE_SOURCE = _ONE_WEIGHT + _ROWWISE_BODY
+
+
 @dataclass(frozen=True)
 class Variant:
     """How the kernel spreads the work; every variant computes the same bits."""
@@ -279,14 +300,15 @@ class Variant:
 # chain of a Qwen3-4B verify's matmuls, docs/batch-invariance.md): two-step tiles with three in
 # flight 8.8 ms, six one-step tiles in flight 8.7 ms, against 8.05 ms.
 STEPS, STAGES = 1, 4
-# The chain's fastest (8.05 ms; cuBLAS's gemm 3.90, the kernel this one replaced 11.0); eight others
-# measured 8.3-14.6 ms were deleted. F2 FS2 MB8 where F4 gives fewer than 64 blocks (k and v of a 4B)
-# won alone (0.36 against 0.59 ms) but lost in the chain inside MLX, twice (9.05 / 9.10 ms against
-# 8.58 / 8.44 with F4 everywhere): deleted too.
+# The fastest inside MLX over a verify's matmuls (H100, Qwen3-4B chain, docs/batch-invariance.md:
+# 10.6 ms against 12.9 for F4 FS2 MB16, the default before, and 10.2 for MLX's gemm in that run).
+# Measured beside it and deleted: F4 FS2, and blocks whose MB rows go to 2 or 4 groups of threads
+# of 8 or 4 rows each (F4 and F2, FS 1 and 2; fewer registers, more blocks an SM: 11.3-16.3 ms,
+# though three of them won a shape alone); earlier, F2 FS2 MB8 and eight others outside MLX.
 VARIANTS: dict[str, Variant] = {
-    "f4fs2mb16": Variant(4, 2, 16),
+    "f4fs1mb16": Variant(4, 1, 16),
 }
-DEFAULT_VARIANT = "f4fs2mb16"
+DEFAULT_VARIANT = "f4fs1mb16"
 
 
 def n_per_thread(k: int) -> int:
@@ -316,14 +338,19 @@ def applies(x: mx.array, w: mx.array) -> bool:
             and x.dtype in (mx.bfloat16, mx.float16, mx.float32))
 
 
-_kernels: dict[tuple[str, int], object] = {}
+_kernels: dict[tuple[str, int, int], object] = {}
 
 
-def _kernel(name: str, smem: int):
-    key = (name, smem)
+def _kernel(name: str, smem: int, weights: int):
+    key = (name, smem, weights)
     if key not in _kernels:
-        _kernels[key] = mx.fast.cuda_kernel(name=f"dflash_rowwise_{name}", input_names=["x", "w"], output_names=["out"],
-                                            source=_ROWWISE_SOURCE, header=_HEADER + _ROWWISE_HEADER,
+        if weights == 1:
+            names, outs, source = ["x", "w"], ["out"], _ROWWISE_SOURCE
+        else:
+            names = ["x"] + [f"w{i}" for i in range(weights)]
+            outs, source = [f"out{i}" for i in range(weights)], _several_weights(weights) + _ROWWISE_BODY
+        _kernels[key] = mx.fast.cuda_kernel(name=f"dflash_rowwise{weights}_{name}", input_names=names,
+                                            output_names=outs, source=source, header=_HEADER + _ROWWISE_HEADER,
                                             ensure_row_contiguous=True, shared_memory=smem)
     return _kernels[key]
 
@@ -332,23 +359,43 @@ def rowwise_matmul(x: mx.array, w: mx.array, variant: str | None = None) -> mx.a
     """`x @ w.T` for x [..., K] and w [N, K], each of x's 2..16 rows computed as MLX CUDA
     computes a one-row product (its gemv), bit for bit. `w` must be row-contiguous (as loaded
     weights are): that is the layout for which MLX's one-row product is a gemv."""
-    if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
-        raise ValueError(f"rowwise_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [..., K] and [N, K]")
+    return rowwise_matmuls(x, [w], variant)[0]
+
+
+def rowwise_matmuls(x: mx.array, ws: list[mx.array], variant: str | None = None) -> list[mx.array]:
+    """`[x @ w.T for w in ws]` as `rowwise_matmul` computes each, in one launch: products that share
+    an input (q, k, v; gate, up) fill the GPU together where each alone would leave it idle."""
+    for w in ws:
+        if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
+            raise ValueError(f"rowwise_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [..., K] and [N, K]")
     if variant is not None and variant not in VARIANTS:
         raise ValueError(f"rowwise_matmul: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
-    if not applies(x, w):
-        return x @ w.T
-    n, k = w.shape
+    if not ws or not all(applies(x, w) for w in ws):
+        return [x @ w.T for w in ws]
+    k = x.shape[-1]
     m = x.size // k
-    name = variant or DEFAULT_VARIANT
-    v = VARIANTS[name]
-    mb = block_rows(m, v)
-    smem = shared_bytes(m, k, x.dtype.size, v)
-    threads = 128 * v.feature_sets
-    out = _kernel(name, smem)(
-        inputs=[x.reshape(m, k), w],
-        template=[("T", x.dtype), ("M", m), ("NPT", n_per_thread(k)), ("F", v.features), ("FS", v.feature_sets),
-                  ("S", STEPS), ("NST", STAGES), ("MB", mb)],
-        grid=(-(-n // v.features_per_block()) * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(m, n)], output_dtypes=[x.dtype])[0]
-    return out.reshape(*x.shape[:-1], n)
+    ns = tuple(w.shape[0] for w in ws)
+    kernel, launch = _launch(m, k, ns, x.dtype, variant or DEFAULT_VARIANT)
+    outs = kernel(inputs=[x.reshape(m, k), *ws], **launch)
+    return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
+
+
+_launches: dict[tuple, tuple] = {}
+
+
+def _launch(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name: str) -> tuple[object, dict]:
+    """The kernel and its launch arguments for one call's shapes (cached: a verify makes
+    hundreds of these calls, and the Python time is on the cycle's path)."""
+    key = (m, k, ns, dtype, name)
+    if key not in _launches:
+        v = VARIANTS[name]
+        mb = block_rows(m, v)
+        threads = 128 * v.feature_sets
+        blocks = sum(-(-n // v.features_per_block()) for n in ns)
+        launch = dict(
+            template=[("T", dtype), ("M", m), ("NPT", n_per_thread(k)), ("F", v.features), ("FS", v.feature_sets),
+                      ("S", STEPS), ("NST", STAGES), ("MB", mb)],
+            grid=(blocks * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
+            output_shapes=[(m, n) for n in ns], output_dtypes=[dtype] * len(ns))
+        _launches[key] = (_kernel(name, shared_bytes(m, k, dtype.size, v), len(ns)), launch)
+    return _launches[key]
