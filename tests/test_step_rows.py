@@ -74,6 +74,7 @@ def calls(monkeypatch):
         return wrapped
 
     monkeypatch.setattr(step_rows, "matmul_rows", spy("matmul", step_rows.matmul_rows, lambda x, w: x.shape[-2]))
+    monkeypatch.setattr(step_rows, "matmuls_rows", spy("several", step_rows.matmuls_rows, lambda x, ws: x.shape[-2]))
     monkeypatch.setattr(step_rows, "addmm_rows", spy("addmm", step_rows.addmm_rows, lambda b, x, w: x.shape[-2]))
     monkeypatch.setattr(step_rows, "quantized_rows", spy("quantized", step_rows.quantized_rows,
                                                          lambda x, *a: x.shape[-2]))
@@ -109,8 +110,13 @@ def test_only_a_verify_forward_runs_rows_as_steps(forced, calls):
     mx.eval(target.forward(prompt[:, :5], cache)[0])
     kind = "quantized" if variant == "4bit" else "matmul"
     layers = DIMS["layers"]
-    # every linear of every layer, the head (tied: the embedding as a linear), every attention
-    assert calls[kind] == 7 * layers + 1 and calls[f"{kind} rows"] == 5, calls
+    # every linear of every layer, the head (tied: the embedding as a linear), every attention;
+    # plain linears that read one input go together (q, k, v; gate, up), quantized ones do not
+    if variant == "4bit":
+        assert calls[kind] == 7 * layers + 1 and calls[f"{kind} rows"] == 5 and calls["several"] == 0, calls
+    else:
+        assert calls[kind] == 2 * layers + 1 and calls[f"{kind} rows"] == 5, calls
+        assert calls["several"] == 2 * layers and calls["several rows"] == 5, calls
     assert calls["attention"] == layers and calls["attention rows"] == 5, calls
     calls.clear()
     mx.eval(target.forward(prompt[:, :5], cache)[0])  # no begin_verify: not a verify
@@ -125,6 +131,23 @@ def test_greedy_with_rows_as_steps_equals_stream_generate(forced, calls, block_s
     accepted = {b.accepted for b in blocks if b.drafted}
     assert 0 in accepted and len(accepted) >= 2, accepted
     assert calls["attention"] > 0
+
+
+def test_linears_that_read_one_input_go_together_only_for_that_input(calls):
+    attention = nn.Module()
+    attention.q_proj, attention.k_proj, attention.v_proj = nn.Linear(32, 24, bias=False), nn.Linear(32, 8, bias=False), \
+        nn.Linear(32, 8, bias=False)
+    assert step_rows.install(attention) == 3
+    x, y = mx.random.normal((1, 6, 32)), mx.random.normal((1, 6, 32))
+    with step_rows.verifying():
+        q, k, v = attention.q_proj(x), attention.k_proj(y), attention.v_proj(x)  # k from another input
+    assert calls["several"] == 1 and calls["matmul"] == 1, calls  # q with k and v, then k again for y
+    for got, layer, inp in ((q, attention.q_proj, x), (k, attention.k_proj, y), (v, attention.v_proj, x)):
+        assert mx.array_equal(got, inp @ layer.weight.T).item()
+    assert "_rows_siblings" not in attention.q_proj.parameters()  # not a parameter of the model
+    calls.clear()
+    attention.q_proj(x), attention.k_proj(x)  # outside a verify: MLX's own products
+    assert sum(calls.values()) == 0, calls
 
 
 def test_linear_with_a_bias_runs_one_addmm_a_row(calls):

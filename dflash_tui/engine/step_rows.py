@@ -6,8 +6,9 @@ kernel against a multi-query one), which round differently, so a near-tie can fl
 output would differ from the target alone. During a verify's forward (`verifying()`), the
 target's linear layers and attention compute each row in the one-row kernel's order:
 
-- `nn.Linear` without a bias: `cuda_rowwise.rowwise_matmul` (gemv's order); with a bias
-  (`addmm`, which MLX sends to cuBLAS): one MLX call per row, as the step makes it;
+- `nn.Linear` without a bias: `cuda_rowwise.rowwise_matmul` (gemv's order), the linears that
+  read one input (q, k, v; gate, up) in one launch; with a bias (`addmm`, which MLX sends to
+  cuBLAS): one MLX call per row, as the step makes it;
 - `nn.QuantizedLinear` (affine): `cuda_rowwise_quant` (qmv's order); where that kernel does
   not replay the one-row call, MLX's own call on at most 7 rows at a time (MLX CUDA computes
   up to 7 rows with the one-row kernel, one grid row each);
@@ -33,7 +34,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from dflash_tui.engine.cuda_kernels import kernels_wanted, on_cuda
-from dflash_tui.engine.cuda_rowwise import MAX_ROWS, rowwise_matmul
+from dflash_tui.engine.cuda_rowwise import MAX_ROWS, rowwise_matmul, rowwise_matmuls
 from dflash_tui.engine.cuda_rowwise_quant import rowwise_quantized_matmul
 
 QMV_ROWS = 7  # MLX CUDA's quantized matmul uses its one-row kernel (qmv) below 8 rows
@@ -61,10 +62,12 @@ def verifying(verify: bool = True, as_steps: bool = True) -> Iterator[None]:
     modules compute its rows as decode steps."""
     before = in_verify(), active()
     _state.verify, _state.steps = verify, verify and as_steps
+    _state.pending = {}
     try:
         yield
     finally:
         _state.verify, _state.steps = before
+        _state.pending = {}
 
 
 def _rows(x: mx.array) -> int:
@@ -74,12 +77,21 @@ def _rows(x: mx.array) -> int:
 def _by_chunks(x: mx.array, size: int, fn) -> mx.array:
     """fn over at most `size` rows of x [1, L, K] at a time, concatenated."""
     n = x.shape[-2]
+    if n <= size:
+        return fn(x)  # one piece: no concatenation (a copy) in the graph
     return mx.concatenate([fn(x[..., i : i + size, :]) for i in range(0, n, size)], axis=-2)
 
 
 def matmul_rows(x: mx.array, w: mx.array) -> mx.array:
     """`x @ w.T` with every row as MLX's one-row product computes it."""
     return _by_chunks(x, MAX_ROWS, lambda part: rowwise_matmul(part, w))
+
+
+def matmuls_rows(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
+    """`[x @ w.T for w in ws]` as `matmul_rows` computes each, in one launch where x has at most 16 rows."""
+    if x.shape[-2] > MAX_ROWS:
+        return [matmul_rows(x, w) for w in ws]
+    return rowwise_matmuls(x, ws)
 
 
 def addmm_rows(bias: mx.array, x: mx.array, w: mx.array) -> mx.array:
@@ -104,13 +116,35 @@ def quantized_rows(x: mx.array, w: mx.array, scales: mx.array, biases, group_siz
     return _by_chunks(x, MAX_ROWS, chunk)
 
 
+class _Siblings:
+    """The linears after the first of a group that reads one input (not a tuple: nn.Module would
+    take a tuple for a parameter)."""
+
+    def __init__(self, modules: list[nn.Module]):
+        self.modules = modules
+
+
+# Linears that read the same input, in the order a layer calls them (mlx-lm's attention and MLP).
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
 class StepRowsLinear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
         if not active() or _rows(x) < 2:
             return nn.Linear.__call__(self, x)
         if "bias" in self:
             return addmm_rows(self["bias"], x, self["weight"])
-        return matmul_rows(x, self["weight"])
+        pending = getattr(_state, "pending", {})
+        done = pending.pop(id(self), None)
+        if done is not None and done[0] is x:  # computed with the first of its group, from this input
+            return done[1]
+        siblings = self.__dict__.get("_rows_siblings")
+        if siblings is None:
+            return matmul_rows(x, self["weight"])
+        outs = matmuls_rows(x, [self["weight"]] + [m["weight"] for m in siblings.modules])
+        for module, out in zip(siblings.modules, outs[1:]):
+            pending[id(module)] = (x, out)
+        return outs[0]
 
 
 class StepRowsQuantizedLinear(nn.QuantizedLinear):
@@ -143,7 +177,19 @@ def install(model: nn.Module) -> int:
         if swap is not None:
             module.__class__ = swap
         n += swap is not None or type(module) in _SWAPS.values()
+    for _, module in model.named_modules():
+        _link_siblings(module)
     return n
+
+
+def _link_siblings(module: nn.Module) -> None:
+    """Give the first linear of each group that reads one input (q, k, v; gate, up) the others:
+    a verify then computes the group in one launch, each product's rows as they would be alone."""
+    for names in SIBLINGS:
+        group = [module.get(name) for name in names]
+        if (all(type(m) is StepRowsLinear and "bias" not in m for m in group)
+                and len({(m["weight"].shape[1], m["weight"].dtype) for m in group}) == 1):
+            object.__setattr__(group[0], "_rows_siblings", _Siblings(group[1:]))
 
 
 def as_linear(embedding: nn.Module, x: mx.array) -> mx.array:
