@@ -18,22 +18,16 @@ from dflash_tui.engine import cuda_rowwise as cr
 
 
 def _kernels_source(ctype: str, m: int, npt: int) -> str:
-    """Every variant's kernel in one translation unit."""
-    kernels = [cc.kernel(f"rowwise_{name}", cr._ROWWISE_SOURCE, [("x", ctype), ("w", ctype)], [("out", ctype)],
+    """Every variant's kernel, for one weight and for the products that share their input, in one
+    translation unit."""
+    kernels = [cc.kernel(f"rowwise{count}_{name}", cr._source(count),
+                         [("x", ctype)] + [(f"w{i}", ctype) for i in range(count)],
+                         [(f"out{i}", ctype) for i in range(count)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
                           f"constexpr int F = {v.features}", f"constexpr int FS = {v.feature_sets}",
                           f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
                           f"constexpr int MB = {cr.block_rows(m, v)}"])
-               for name, v in cr.VARIANTS.items()]
-    v = cr.VARIANTS[cr.DEFAULT_VARIANT]
-    for count in (2, 3):  # one launch for products that share their input
-        kernels.append(cc.kernel(f"rowwise{count}", cr._several_weights(count) + cr._ROWWISE_BODY,
-                                 [("x", ctype)] + [(f"w{i}", ctype) for i in range(count)],
-                                 [(f"out{i}", ctype) for i in range(count)],
-                                 [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
-                                  f"constexpr int F = {v.features}", f"constexpr int FS = {v.feature_sets}",
-                                  f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
-                                  f"constexpr int MB = {cr.block_rows(m, v)}"]))
+               for name, v in cr.VARIANTS.items() for count in (1, 2, 3)]
     return cc.translation_unit(ck._HEADER + cr._ROWWISE_HEADER, kernels)
 
 

@@ -122,10 +122,9 @@ def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants
         _guarded(rows, {**base, "variant": v}, measure)
 
 
-def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int,
-          fastest: dict[tuple[int, int], str] | None = None) -> None:
-    """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph; with
-    `fastest`, also each matmul by the variant that was fastest on its shape alone."""
+def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int) -> None:
+    """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph, also with
+    the products that share an input as one (q, k, v; gate, up)."""
     shapes = layer_shapes(spec)
     weights: list[tuple[int, mx.array]] = []
     for li in range(layers):
@@ -146,9 +145,6 @@ def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, varian
     }
     for v in variants:
         modes[v] = lambda x, w, v=v: cr.rowwise_matmul(x, w, v)
-    fastest = fastest or {}
-    if len(variants) > 1:
-        modes["fastest_per_shape"] = lambda x, w: cr.rowwise_matmul(x, w, fastest.get((w.shape[1], w.shape[0])))
     base = {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "layers": layers, "matmuls": len(weights),
             "weight_gb": round(gb, 2)}
     for mode, fn in modes.items():
@@ -164,23 +160,19 @@ def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, varian
             mx.eval(fused[-4][1], fused[-2][1])
         fused.append(weights[-1])
         _guarded(rows, {**base, "mode": "fused_rowwise", "matmuls": len(fused)}, lambda: {
-            "ms": call_ms(lambda: [cr.rowwise_matmul(xs[k], w, fastest.get((k, w.shape[0]))) for k, w in fused],
-                          reps)})
+            "ms": call_ms(lambda: [cr.rowwise_matmul(xs[k], w) for k, w in fused], reps)})
         _guarded(rows, {**base, "mode": "fused_gemm", "matmuls": len(fused)}, lambda: {
             "ms": call_ms(lambda: [xs[k] @ w.T for k, w in fused], reps)})
         fused.clear()
 
         # The same groups by the kernel that takes several weights (no concatenated copies).
-        def several(x: mx.array, group: list[mx.array]) -> list[mx.array]:
-            return cr.rowwise_matmuls(x, group, fastest.get((x.shape[-1], sum(w.shape[0] for w in group))))
-
         groups = []
         for li in range(layers):
             (k, wq), (_, wk), (_, wv), (ko, wo), (kg, wg), (_, wu), (kd, wd) = weights[7 * li : 7 * li + 7]
             groups += [(k, [wq, wk, wv]), (ko, [wo]), (kg, [wg, wu]), (kd, [wd])]
         groups.append((weights[-1][0], [weights[-1][1]]))
         _guarded(rows, {**base, "mode": "several_weights", "matmuls": len(groups)}, lambda: {
-            "ms": call_ms(lambda: [several(xs[k], g) for k, g in groups], reps)})
+            "ms": call_ms(lambda: [cr.rowwise_matmuls(xs[k], g) for k, g in groups], reps)})
     weights.clear()  # the chain's gigabytes go before the next dtype's
     xs.clear()
 
@@ -243,11 +235,8 @@ def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | N
                 check_shape(rows, name, k, n, dtype, variants, reps, few_rows=(di == 0 and name == "q"))
         check_several(rows, spec, dtype)
         n_layers = layers or spec["dims"]["layers"]
-        name = str(dtype).split(".")[-1]
-        fastest = {tuple(int(p) for p in key.split()[-1].split("->")): b["variant"]
-                   for key, b in summary(rows)["fastest_exact_per_shape"].items() if key.startswith(name + " ")}
         try:
-            chain(rows, spec, n_layers, dtype, variants, chain_reps, fastest)
+            chain(rows, spec, n_layers, dtype, variants, chain_reps)
         except Exception as e:  # noqa: BLE001 - e.g. the weights do not fit: the shape rows stand
             _emit(rows, {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "mode": "setup",
                          "error": f"{type(e).__name__}: {e}"[:400]})

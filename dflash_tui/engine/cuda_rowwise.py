@@ -265,23 +265,14 @@ _ROWWISE_BODY = """
   }
 """
 
-# One weight (inputs x, w; output out): this block's features are w's.
-_ONE_WEIGHT = """
-  const int N = w_shape[0], K = w_shape[1], bx = blockIdx.x;
-"""
-
-
-def _several_weights(count: int) -> str:
-    """Inputs x, w0 .. w{count-1} (one K), outputs out0 ..: the grid's blocks go to w0's features
-    first, then w1's, and so on; each block computes exactly what the one-weight kernel would."""
+def _source(count: int) -> str:
+    """The kernel for inputs x, w0 .. w{count-1} (one K) and outputs out0 ..: the grid's blocks go to
+    w0's features first, then w1's, and so on; each block computes what it would for its weight alone."""
     lines = ["  const int K = w0_shape[1];", "  int bx = blockIdx.x, N = w0_shape[0];",
              "  const T* w = w0;", "  T* out = out0;", "  constexpr int FBW = 4 * F * FS;"]
     for i in range(1, count):
         lines.append(f"  if (bx >= (N + FBW - 1) / FBW) {{ bx -= (N + FBW - 1) / FBW; N = w{i}_shape[0]; w = w{i}; out = out{i}; }}")
-    return "\n".join(lines) + "\n"
-
-
-_ROWWISE_SOURCE = _ONE_WEIGHT + _ROWWISE_BODY
+    return "\n".join(lines) + "\n" + _ROWWISE_BODY
 
 
 @dataclass(frozen=True)
@@ -344,13 +335,10 @@ _kernels: dict[tuple[str, int, int], object] = {}
 def _kernel(name: str, smem: int, weights: int):
     key = (name, smem, weights)
     if key not in _kernels:
-        if weights == 1:
-            names, outs, source = ["x", "w"], ["out"], _ROWWISE_SOURCE
-        else:
-            names = ["x"] + [f"w{i}" for i in range(weights)]
-            outs, source = [f"out{i}" for i in range(weights)], _several_weights(weights) + _ROWWISE_BODY
-        _kernels[key] = mx.fast.cuda_kernel(name=f"dflash_rowwise{weights}_{name}", input_names=names,
-                                            output_names=outs, source=source, header=_HEADER + _ROWWISE_HEADER,
+        _kernels[key] = mx.fast.cuda_kernel(name=f"dflash_rowwise{weights}_{name}",
+                                            input_names=["x"] + [f"w{i}" for i in range(weights)],
+                                            output_names=[f"out{i}" for i in range(weights)], source=_source(weights),
+                                            header=_HEADER + _ROWWISE_HEADER,
                                             ensure_row_contiguous=True, shared_memory=smem)
     return _kernels[key]
 

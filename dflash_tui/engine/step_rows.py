@@ -116,14 +116,6 @@ def quantized_rows(x: mx.array, w: mx.array, scales: mx.array, biases, group_siz
     return _by_chunks(x, MAX_ROWS, chunk)
 
 
-class _Siblings:
-    """The linears after the first of a group that reads one input (not a tuple: nn.Module would
-    take a tuple for a parameter)."""
-
-    def __init__(self, modules: list[nn.Module]):
-        self.modules = modules
-
-
 # Linears that read the same input, in the order a layer calls them (mlx-lm's attention and MLP).
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -134,15 +126,15 @@ class StepRowsLinear(nn.Linear):
             return nn.Linear.__call__(self, x)
         if "bias" in self:
             return addmm_rows(self["bias"], x, self["weight"])
-        pending = getattr(_state, "pending", {})
+        pending = _state.pending  # set by verifying(), which active() implies
         done = pending.pop(id(self), None)
         if done is not None and done[0] is x:  # computed with the first of its group, from this input
             return done[1]
         siblings = self.__dict__.get("_rows_siblings")
         if siblings is None:
             return matmul_rows(x, self["weight"])
-        outs = matmuls_rows(x, [self["weight"]] + [m["weight"] for m in siblings.modules])
-        for module, out in zip(siblings.modules, outs[1:]):
+        outs = matmuls_rows(x, [self["weight"]] + [m["weight"] for m in siblings])
+        for module, out in zip(siblings, outs[1:]):
             pending[id(module)] = (x, out)
         return outs[0]
 
@@ -189,7 +181,8 @@ def _link_siblings(module: nn.Module) -> None:
         group = [module.get(name) for name in names]
         if (all(type(m) is StepRowsLinear and "bias" not in m for m in group)
                 and len({(m["weight"].shape[1], m["weight"].dtype) for m in group}) == 1):
-            object.__setattr__(group[0], "_rows_siblings", _Siblings(group[1:]))
+            # in the instance's __dict__, past nn.Module's __setattr__: not a child module or parameter
+            object.__setattr__(group[0], "_rows_siblings", tuple(group[1:]))
 
 
 def as_linear(embedding: nn.Module, x: mx.array) -> mx.array:
