@@ -21,6 +21,8 @@ CLIENT = r"""
 import json, sys, openai
 url, mode, content = sys.argv[1:4]
 client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+print("READY", flush=True)
+sys.stdin.readline()  # sent only when told: the import above is not in the window the test times
 ask = dict(model="target", messages=[{"role": "user", "content": content}], max_tokens=int(sys.argv[4]))
 out = {"text": ""}
 try:
@@ -40,8 +42,18 @@ print(json.dumps(out), flush=True)
 
 
 def client(base_url: str, mode: str, content: str) -> subprocess.Popen:
+    """A client process with openai imported, which sends its request once `send` tells it to."""
     return subprocess.Popen([sys.executable, "-c", CLIENT, base_url, mode, content, str(LONG)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ready(proc: subprocess.Popen) -> None:
+    assert proc.stdout.readline().strip() == "READY", proc.stderr.read()[-2000:]
+
+
+def send(proc: subprocess.Popen) -> None:
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
 
 
 def health(server: ServerProcess) -> dict:
@@ -66,14 +78,20 @@ def test_ctrl_c_ends_running_and_waiting_requests_with_one_error_each(qwen3_dirs
     clients: list[subprocess.Popen] = []
     with ServerProcess(args, env={"HF_HUB_OFFLINE": "1"}) as s:
         try:
-            first = client(s.base_url, running, "hello")
-            clients.append(first)
+            # both clients start before either sends: the tiny target ends its reply (EOS) after a few
+            # seconds, so the second request must arrive while the first still runs, even on a loaded machine
+            first = client(s.base_url, running, "hello again")
+            second = client(s.base_url, waiting, "hello")
+            clients += [first, second]
+            ready(first)
+            ready(second)
+            send(first)
             if running == "stream":
                 assert first.stdout.readline().strip() == "TEXT"  # the reply is being written
             else:
                 assert wait_for(lambda: health(s)["running"] == 1, timeout=30)
-            clients.append(client(s.base_url, waiting, "hello again"))
-            assert wait_for(lambda: health(s)["waiting"] == 1, timeout=30)
+            send(second)
+            assert wait_for(lambda: health(s)["waiting"] == 1, timeout=30), health(s)
             assert first.poll() is None and health(s)["running"] == 1
 
             s.proc.send_signal(signal.SIGINT)
