@@ -1,16 +1,20 @@
 """The row-wise quantized matmul: its CPU path is MLX's own call, its arguments are checked,
-and (where nvcc is) every instantiation of its CUDA source compiles. Bit-equality with MLX's
-qmv is checked on the device by `bench/batch_invariance --parts rowwise-quant`."""
+(where nvcc is) every instantiation of its CUDA source compiles, and (where g++ is) its CUDA
+source, run on the CPU by tests/cuda_emulate.py, equals a NumPy replay of MLX's qmv bit for bit
+on inputs where any change of qmv's order shows. Bit-equality with MLX's own qmv is checked on
+the device (the CUDA-only test below, and `bench/batch_invariance --parts rowwise-quant`)."""
 
 from __future__ import annotations
 
 import json
 
 import cuda_compile as cc
+import cuda_emulate as ce
 import mlx.core as mx
 import numpy as np
 import pytest
 from cuda_compile import needs_nvcc
+from cuda_emulate import needs_cxx
 
 from dflash_tui.engine import cuda_rowwise_quant as rq
 
@@ -20,6 +24,24 @@ def _quantized(n: int, k: int, dtype: mx.Dtype, group_size: int, bits: int, rows
     x = mx.random.normal((rows, k)).astype(dtype)
     wq, scales, biases = mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits)
     return x, wq, scales, biases
+
+
+def _order_sensitive(n: int, k: int, group_size: int, bits: int, rows: int, seed: int = 5):
+    """Inputs on which qmv's order shows in the bf16 result: random rows, except that qmv lanes 0
+    and 16 (and 8 and 24) start with products of +-2^24 (2^20) that cancel exactly, over weights
+    equal in those columns. Summed in another order than qmv's (the lane sums, the butterfly), the
+    small products are lost beside the large ones or not: most outputs change."""
+    rng = np.random.default_rng(seed)
+    e = 16 if bits == 4 else 8  # qmv's elems_per_thread
+    x = rng.standard_normal((rows, k))
+    w = rng.standard_normal((n, k)) * k ** -0.5
+    for a, b, big in ((0, 16, 2.0 ** 24), (8, 24, 2.0 ** 20)):
+        x[:, a * e], x[:, b * e] = big, -big
+        for lane in (a, b):
+            start = lane * e - lane * e % group_size
+            w[:, start : start + group_size] = w[:, :group_size]
+    wq, scales, biases = mx.quantize(mx.array(w.astype(np.float32)).astype(mx.bfloat16), group_size, bits)
+    return mx.array(x.astype(np.float32)).astype(mx.bfloat16), wq, scales, biases
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
@@ -77,24 +99,48 @@ def test_round_bf16_rounds_to_nearest_even():
 
 
 @pytest.mark.skipif(not rq.on_cuda(), reason="bit-equality with MLX's qmv needs MLX CUDA")
+@pytest.mark.parametrize("variant", ["", *rq.OCTET_VARIANTS])
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
-def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size):
-    x, wq, scales, biases = _quantized(1024, 4096, mx.bfloat16, group_size, bits)
-    got = rq.rowwise_quantized_matmul(x, wq, scales, biases, group_size, bits)
-    one = [mx.quantized_matmul(x[i : i + 1], wq, scales, biases, transpose=True, group_size=group_size, bits=bits)
-           for i in range(16)]
-    assert [bool(mx.array_equal(got[i : i + 1], one[i]).item()) for i in range(16)] == [True] * 16
+def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size, variant):
+    for x, wq, scales, biases in (_quantized(1024, 4096, mx.bfloat16, group_size, bits),
+                                  _order_sensitive(1000, 4096 + 64, group_size, bits, 16)):
+        got = rq.rowwise_quantized_matmul(x, wq, scales, biases, group_size, bits, variant=variant)
+        one = [mx.quantized_matmul(x[i : i + 1], wq, scales, biases, transpose=True, group_size=group_size,
+                                   bits=bits) for i in range(16)]
+        assert [bool(mx.array_equal(got[i : i + 1], one[i]).item()) for i in range(16)] == [True] * 16
+
+
+@pytest.mark.skipif(not rq.on_cuda(), reason="bit-equality with MLX's qmv needs MLX CUDA")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_several_weights_in_one_launch_equal_each_alone_on_cuda(bits):
+    x, wq, scales, biases = _order_sensitive(1000, 4096, 64, bits, 16)
+    parts = [(wq, scales, biases), (wq[:200], scales[:200], biases[:200]), (wq[200:204], scales[200:204], biases[200:204])]
+    got = rq.rowwise_quantized_matmuls(x, parts, 64, bits)
+    for out, part in zip(got, parts):
+        assert mx.array_equal(out, rq.rowwise_quantized_matmul(x, *part, 64, bits, variant="octet_f2_mb8")).item()
 
 
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
 def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, R, BITS, GS) in one translation unit."""
+    """One kernel per (M, MB, R, BITS, GS) in one translation unit, and the octet layout's for
+    every variant, width and group size, with one weight and with three."""
     inputs = [("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)]
     kernels = [cc.kernel(f"k{j}", rq._SOURCE, inputs, [("out", ctype)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int MB = {mb}",
                           f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"])
                for j, (m, mb, r, bits, gs) in enumerate(instances)]
+    for count in (1, 3):
+        names = [("x", ctype)] + [(f"{a}{i}", "uint32_t" if a == "w" else ctype)
+                                  for i in range(count) for a in ("w", "scales", "biases")]
+        for variant, (f, mb) in rq.OCTET_VARIANTS.items():
+            for bits in rq.BITS:
+                for gs in rq.GROUP_SIZES:
+                    kernels.append(cc.kernel(f"{variant}_{count}_{bits}_{gs}", rq._octet_source(count), names,
+                                             [(f"out{i}", ctype) for i in range(count)],
+                                             [f"using T = {ctype}", "constexpr int M = 16", f"constexpr int MB = {mb}",
+                                              f"constexpr int F = {f}", f"constexpr int BITS = {bits}",
+                                              f"constexpr int GS = {gs}"]))
     return cc.translation_unit(rq._RQ_HEADER, kernels)
 
 
@@ -124,6 +170,89 @@ def test_bench_part_runs_on_a_tiny_shape(capsys):
         # on the CPU every path is MLX's own and row-invariant
         assert r["qmm_equal_rows"] == r["rowwise_equal_rows"] == r["qmv7_equal_rows"] == bi.ROWS
         assert all(r[f"{name}_ms"] > 0 and r[f"chain_{name}_ms"] > 0 for name in ("qmm", "rowwise", "qmv16", "qmv7"))
+        assert all(r[f"rowwise_{v}_equal_rows"] == bi.ROWS and r[f"chain_rowwise_{v}_ms"] > 0 for v in rq.OCTET_VARIANTS)
+        assert r["octet_three_one_launch_ms"] > 0 and r["octet_three_separate_ms"] > 0
     # each row went to stderr as one JSON line as soon as it was measured
     streamed = [json.loads(line) for line in captured.err.splitlines() if line.startswith("{")]
     assert streamed == rows
+
+
+# -- the CUDA source run on the CPU (tests/cuda_emulate.py) ---------------------------------------
+
+def _bits(a: mx.array) -> np.ndarray:
+    return np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a)
+
+
+def _emulate(tmp_path, source: str, consts: list[str], x: mx.array, parts: list[tuple], names: list[str],
+             grid: tuple[int, int], threads: int) -> list[np.ndarray]:
+    header = ce.host_helpers(rq._HEADER) + rq._RQ_HEADER[len(rq._HEADER):]
+    inputs = [("x", _bits(x), "__nv_bfloat16")]
+    for name, (wq, scales, biases) in zip(names, parts):
+        inputs += [(f"w{name}", _bits(wq), "uint32_t"), (f"scales{name}", _bits(scales), "__nv_bfloat16"),
+                   (f"biases{name}", _bits(biases), "__nv_bfloat16")]
+    outputs = [(f"out{name}", (x.shape[0], wq.shape[0]), "__nv_bfloat16") for name, (wq, _, _) in zip(names, parts)]
+    return ce.run_kernel(tmp_path, header, source, consts, inputs, outputs, grid, threads)
+
+
+def _consts(rows: int, mb: int, split: str, split_value: int, bits: int, group_size: int) -> list[str]:
+    return ["using T = __nv_bfloat16", f"constexpr int M = {rows}", f"constexpr int MB = {mb}",
+            f"constexpr int {split} = {split_value}", f"constexpr int BITS = {bits}", f"constexpr int GS = {group_size}"]
+
+
+ROWS, K, N = 13, 1088, 44  # rows, columns and features that leave a tail everywhere: a partial last
+# step of qmv's tiles (1088 = 2 x 512 + 64), a partial row block, a partial feature block
+
+
+def _replayed(x, part, group_size, bits) -> np.ndarray:
+    from dflash_tui.bench import qmv_order
+
+    return ce.bf16_bits(qmv_order.qmv_rows(x, *part, group_size, bits))
+
+
+@needs_cxx
+@pytest.mark.parametrize("variant,bits,group_size", [
+    ("octet_f2_mb8", 4, 64), ("octet_f2_mb8", 4, 32), ("octet_f2_mb8", 8, 64), ("octet_f2_mb8", 8, 32),
+    ("octet_f4_mb4", 4, 64), ("octet_f1_mb16", 8, 64), ("octet_f2_mb4", 4, 32), ("octet_f1_mb8", 8, 32)])
+def test_octet_kernel_run_on_the_cpu_equals_the_qmv_replay(tmp_path, variant, bits, group_size):
+    x, *part = _order_sensitive(N, K, group_size, bits, ROWS)
+    f, mb, threads, blocks = rq.octet_geometry(ROWS, (N,), bits, variant)
+    got, = _emulate(tmp_path, rq._octet_source(1), _consts(ROWS, mb, "F", f, bits, group_size), x, [part], ["0"],
+                    (blocks, -(-ROWS // mb)), threads)
+    want = _replayed(x, part, group_size, bits)
+    assert [bool(r) for r in (got == want).all(axis=1)] == [True] * ROWS
+
+
+@needs_cxx
+@pytest.mark.parametrize("bits", [4, 8])
+def test_several_weights_in_one_octet_launch_run_on_the_cpu_equal_each_alone(tmp_path, bits):
+    """q, k, v as one launch: blocks go to each weight's features in turn; a tail block of one
+    weight writes nothing of the next one's."""
+    x, *part = _order_sensitive(N, K, 64, bits, ROWS)
+    parts = [part, [a[:20] for a in part], [a[20:28] for a in part]]
+    f, mb, threads, blocks = rq.octet_geometry(ROWS, (44, 20, 8), bits, "octet_f2_mb8")
+    assert blocks == 6 + 3 + 1
+    got = _emulate(tmp_path, rq._octet_source(3), _consts(ROWS, mb, "F", f, bits, 64), x, parts, ["0", "1", "2"],
+                   (blocks, -(-ROWS // mb)), threads)
+    for out, p in zip(got, parts):
+        assert np.array_equal(out, _replayed(x, p, 64, bits))
+
+
+@needs_cxx
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32)])
+def test_warp_kernel_run_on_the_cpu_equals_the_qmv_replay(tmp_path, bits, group_size):
+    """The layout measured equal to MLX's qmv on the device: a check of the emulator and the replay."""
+    x, *part = _order_sensitive(N, K, group_size, bits, ROWS)
+    mb, r = rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP
+    got, = _emulate(tmp_path, rq._SOURCE, _consts(ROWS, mb, "R", r, bits, group_size), x, [part], [""],
+                    (-(-N // (rq.WARPS * r)), -(-ROWS // mb)), 32 * rq.WARPS)
+    assert np.array_equal(got, _replayed(x, part, group_size, bits))
+
+
+def test_the_order_sensitive_inputs_tell_orders_apart():
+    """Summing the 32 lane sums one after another instead of qmv's butterfly changes most outputs."""
+    from dflash_tui.bench import qmv_order
+
+    x, wq, scales, biases = _order_sensitive(N, K, 64, 4, 3)
+    butterfly = qmv_order.qmv_rows(x, wq, scales, biases, 64, 4)
+    sequential = qmv_order.qmv_rows(x, wq, scales, biases, 64, 4, lane_order="sequential")
+    assert (butterfly != sequential).mean() > 0.5

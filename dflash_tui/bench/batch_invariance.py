@@ -170,7 +170,8 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     mx.eval(one)
     variants = {f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
                 for mb, r in RQ_SPLITS}
-    for name, fn in {**paths, **variants}.items():
+    octets = {f"rowwise_{v}": (lambda a, p=packed, v=v: rowwise(a, p, variant=v)) for v in rq.OCTET_VARIANTS}
+    for name, fn in {**paths, **variants, **octets}.items():
         if name != "qmv16":
             case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])
             case(f"{name}_max_diff", lambda f=fn: _rows_equal(f(x), one)[1])
@@ -183,8 +184,12 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):
         copies.append(mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits))
         mx.eval(copies[-1])
-    for name, fn in paths.items():
+    for name, fn in {**paths, **octets}.items():
         case(f"chain_{name}_ms", lambda f=fn: _timed(lambda: [f(x, copies[i % len(copies)]) for i in range(chain)], 5))
+    # three products of one input (q, k, v; gate, up): one launch of the octet layout against three
+    three = copies[:3] if len(copies) >= 3 else [packed] * 3
+    case("octet_three_separate_ms", lambda: _timed(lambda: [rowwise(x, p, variant="octet_f2_mb8") for p in three]))
+    case("octet_three_one_launch_ms", lambda: _timed(lambda: rq.rowwise_quantized_matmuls(x, three, group_size, bits)))
     row["chain_copies"] = len(copies)
     return row
 

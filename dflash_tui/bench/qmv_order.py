@@ -30,10 +30,11 @@ def unpack(wq: mx.array, bits: int) -> np.ndarray:
 
 
 def qmv_rows(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int,
-             features: int = 0) -> np.ndarray:
+             features: int = 0, lane_order: str = "butterfly") -> np.ndarray:
     """Each row of x [M, K] (bf16) as MLX CUDA's qmv computes it alone, for the first
     `features` outputs (all when 0): float64 array [M, F] of bf16 values. q * scale + bias
-    rounds once (a fused multiply-add, as MLX's build computes it)."""
+    rounds once (a fused multiply-add, as MLX's build computes it). `lane_order="sequential"`
+    adds the 32 lane sums one after another instead (not qmv's: to tell whether inputs show it)."""
     n = wq.shape[0] if not features else min(features, wq.shape[0])
     k = x.shape[-1]
     xs = np.array(x.astype(mx.float32), dtype=np.float64).reshape(-1, k)
@@ -62,7 +63,13 @@ def qmv_rows(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array, grou
         lane_sum = np.zeros((n, 32), dtype=np.float32)
         for i in range(e):
             lane_sum = lane_sum + acc[:, :, i]
-        for o in (16, 8, 4, 2, 1):  # cg::reduce: out += shfl_xor(out, o)
-            lane_sum = lane_sum + lane_sum[:, np.arange(32) ^ o]
-        out[m] = round_bf16(lane_sum[:, 0].astype(np.float64))
+        if lane_order == "sequential":
+            total = np.zeros(n, dtype=np.float32)
+            for lane in range(32):
+                total = total + lane_sum[:, lane]
+        else:
+            for o in (16, 8, 4, 2, 1):  # cg::reduce: out += shfl_xor(out, o)
+                lane_sum = lane_sum + lane_sum[:, np.arange(32) ^ o]
+            total = lane_sum[:, 0]
+        out[m] = round_bf16(total.astype(np.float64))
     return out

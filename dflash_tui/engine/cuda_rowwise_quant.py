@@ -36,9 +36,14 @@ v4.4.2 as MLX fetches it), for one output feature f, one warp:
   the warp, which for float is the xor butterfly out += shfl_xor(out, 16, 8, 4, 2, 1), and lane
   0 stores T(sum) rounded to nearest.
 
-The kernel below keeps that order for every (feature, row): a warp computes R features for MB
-rows (the grid's second axis splits M into MB-row slices), so each dequantized weight tile
-serves MB rows and each x tile R features; R and MB change the speed, never a row's result.
+Two layouts keep that order for every (feature, row); neither changes a row's result:
+- the warp layout (measured equal on the device): a warp computes R features for MB rows (the
+  grid's second axis splits M into MB-row slices), lane l being qmv's lane l;
+- the octet layout (`OCTET_VARIANTS`, `rowwise_quantized_matmuls`): qmv's E accumulators of a
+  lane are independent chains, so a thread takes 8 of them (an octet) for F features and MB
+  rows, and the 4 feature groups of a warp read the same x values (one broadcast load); several
+  weights of one input go in one launch. Equal to a NumPy replay of qmv on the CPU (the source
+  run by tests/cuda_emulate.py); its speed against the warp layout is the device's to measure.
 """
 
 from __future__ import annotations
@@ -53,6 +58,12 @@ BITS = (4, 8)
 ROWS_PER_WARP = 4  # MB; neither it nor the next two change any row's order
 FEATURES_PER_WARP = 2  # R
 WARPS = 4  # per block
+# The octet layout's (features per thread, rows per block), to be measured against the warp
+# layout above (`bench.batch_invariance --parts rowwise-quant`); every one computes the same bits.
+OCTET_VARIANTS: dict[str, tuple[int, int]] = {
+    "octet_f2_mb8": (2, 8), "octet_f4_mb4": (4, 4), "octet_f1_mb16": (1, 16), "octet_f2_mb4": (2, 4),
+    "octet_f1_mb8": (1, 8),
+}
 
 _RQ_HEADER = _HEADER + """
 template <bool C, typename A, typename B> struct rq_if { using type = A; };
@@ -98,23 +109,30 @@ __device__ __forceinline__ void rq_fma_tile(T2* acc, const T2* xv, const T2* wd)
 #pragma unroll
   for (int p = 0; p < P; p++) acc[p] = __hfma2(xv[p], wd[p], acc[p]);
 }
-// qmv's `float sum = 0; sum += sums[i]` for i = 0..E-1 in order
+// qmv's `float sum = 0; sum += sums[i]` for i = 0..E-1 in order, from `sum` (0, or where a qmv
+// lane's positions are split over two threads, the first one's partial: every addition is qmv's)
 template <int NA>
-__device__ __forceinline__ float rq_lane_sum(const float* acc) {
-  float sum = 0.f;
+__device__ __forceinline__ float rq_lane_sum_from(float sum, const float* acc) {
 #pragma unroll
   for (int a = 0; a < NA; a++) sum += acc[a];
   return sum;
 }
 template <int NA, typename T2>
-__device__ __forceinline__ float rq_lane_sum(const T2* acc) {
-  float sum = 0.f;
+__device__ __forceinline__ float rq_lane_sum_from(float sum, const T2* acc) {
 #pragma unroll
   for (int a = 0; a < NA; a++) {
     sum += __low2float(acc[a]);
     sum += __high2float(acc[a]);
   }
   return sum;
+}
+
+// One level of the warp butterfly (out += shfl_xor(out, O)) for the lanes below O, which lane 0's
+// sum is made of (the lanes above O hold the same sums, added the other way round)
+template <int O>
+__device__ __forceinline__ void rq_tree_level(float (&v)[32]) {
+#pragma unroll
+  for (int l = 0; l < O; l++) v[l] = v[l] + v[l + O];
 }
 
 // q * s + b in T, one fused rounding per element: what MLX's build makes of its __hmul then
@@ -201,10 +219,113 @@ _SOURCE = """
 #pragma unroll
     for (int mm = 0; mm < MB; mm++) {
       if (m0 + mm >= M) break;
-      const float sum = dflash_warp_sum(rq_lane_sum<NA>(acc[r][mm]));
+      const float sum = dflash_warp_sum(rq_lane_sum_from<NA>(0.f, acc[r][mm]));
       if (lane == 0 && f0 + r < N) out[(size_t)(m0 + mm) * N + f0 + r] = T(sum);
     }
 """
+
+
+# The octet layout. qmv's accumulators are independent chains, one per (feature, row, column mod
+# 32E) (lane l's position i is column l*E + i of every tile), each running over the tiles in
+# order; only the end (a lane's E sums in order, then the butterfly) joins them. So a thread here
+# holds the chains of one octet (8 consecutive positions of one qmv lane: half a lane's at 4-bit,
+# all of them at 8-bit) for F features and MB rows: it dequantizes each weight once for MB rows,
+# and the 4 feature groups of a warp (lane / 8) read the same x values, which is one broadcast
+# load. The end goes through shared memory in qmv's order: a lane's second octet goes on from the
+# first's partial sum, and one thread per output adds the 32 lane sums in the butterfly's tree.
+# Template: T, M, MB, F, BITS, GS; the prologue names K, N, bx (the block's feature block), w,
+# scales, biases, out.
+_OCTET_BODY = """
+  constexpr int E = BITS == 4 ? 16 : 8;      // qmv's elems_per_thread for a 16-bit T
+  constexpr int H = E / 8;                   // octets (threads) per qmv lane
+  constexpr int STEP = 32 * E;               // columns of one qmv tile step
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr int FB = 4 * F;                  // features per block
+  constexpr int NO = 4 * F * MB;             // outputs per block
+  using T2 = typename rq_pair<T>::type;
+  using Acc = typename rq_if<(BITS >= 8), float, T2>::type;
+  constexpr int NA = BITS >= 8 ? 8 : 4;      // accumulators per octet (floats, or pairs of T)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int o = warp * 8 + (lane & 7);       // the octet: columns 8o .. 8o+7 of every step
+  const int ql = o / H, h = o % H;           // qmv's lane, and which of its octets
+  const int fg = lane >> 3;
+  const int fbase = bx * FB + fg * F;
+  const int m0 = blockIdx.y * MB;
+  const int mlast = M - 1;              // rows past M read the last row (not written)
+  Acc acc[F][MB][NA];
+#pragma unroll
+  for (int r = 0; r < F; r++)
+#pragma unroll
+    for (int mm = 0; mm < MB; mm++)
+#pragma unroll
+      for (int a = 0; a < NA; a++) rq_zero(acc[r][mm][a]);
+  // qmv's lane takes a tile only where it starts below K (K is a multiple of the group): an
+  // octet likewise
+  for (int col = 8 * o; col < K; col += STEP) {
+    T2 wd[F][4];
+#pragma unroll
+    for (int r = 0; r < F; r++) {
+      const int fr = min(fbase + r, N - 1);  // past N: the last feature again (not written)
+      uint2 q;
+      if constexpr (BITS == 4) {
+        q.x = w[fr * (K / PER_WORD) + col / PER_WORD];
+        q.y = 0u;
+      } else {
+        q = *reinterpret_cast<const uint2*>(w + fr * (K / PER_WORD) + col / PER_WORD);
+      }
+      rq_dequant_tile<BITS>(q, scales[fr * (K / GS) + col / GS], biases[fr * (K / GS) + col / GS], wd[r]);
+    }
+#pragma unroll
+    for (int mm = 0; mm < MB; mm++) {
+      alignas(16) T2 xv[4];
+      *reinterpret_cast<uint4*>(xv) = *reinterpret_cast<const uint4*>(x + min(m0 + mm, mlast) * K + col);
+#pragma unroll
+      for (int r = 0; r < F; r++) rq_fma_tile<4>(acc[r][mm], xv, wd[r]);
+    }
+  }
+  // a lane's sum: its first octet's partial, continued by the second (the next thread)
+  __shared__ float red[NO][33];
+#pragma unroll
+  for (int r = 0; r < F; r++)
+#pragma unroll
+    for (int mm = 0; mm < MB; mm++) {
+      float sum = rq_lane_sum_from<NA>(0.f, acc[r][mm]);
+      if constexpr (H == 2) {
+        const float first = __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum = rq_lane_sum_from<NA>(first, acc[r][mm]);
+      }
+      if (h == H - 1) red[(fg * F + r) * MB + mm][ql] = sum;
+    }
+  __syncthreads();
+  // the butterfly (offsets 16, 8, 4, 2, 1) as lane 0 sees it: each node adds the same two sums
+  if (threadIdx.x < NO) {
+    const int j = threadIdx.x;
+    float v[32];
+#pragma unroll
+    for (int l = 0; l < 32; l++) v[l] = red[j][l];
+    rq_tree_level<16>(v);
+    rq_tree_level<8>(v);
+    rq_tree_level<4>(v);
+    rq_tree_level<2>(v);
+    rq_tree_level<1>(v);
+    const int f = bx * FB + j / MB, m = m0 + j % MB;
+    if (f < N && m < M) out[(size_t)m * N + f] = T(v[0]);
+  }
+"""
+
+
+def _octet_source(count: int) -> str:
+    """The octet kernel for inputs x, then w, scales, biases of each of `count` weights (one K) and
+    outputs out0 ..: the grid's blocks go to the first weight's features, then the second's, and so
+    on; each block computes what it would for its weight alone."""
+    lines = ["  const int K = x_shape[1];", "  int bx = blockIdx.x, N = scales0_shape[0];",
+             "  const uint32_t* w = w0;", "  const T* scales = scales0;", "  const T* biases = biases0;",
+             "  T* out = out0;", "  constexpr int FBW = 4 * F;"]
+    for i in range(1, count):
+        lines.append(f"  if (bx >= (N + FBW - 1) / FBW) {{ bx -= (N + FBW - 1) / FBW; N = scales{i}_shape[0]; "
+                     f"w = w{i}; scales = scales{i}; biases = biases{i}; out = out{i}; }}")
+    return "\n".join(lines) + "\n" + _OCTET_BODY
+
 
 _kernel = None
 
@@ -224,10 +345,14 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
                              group_size: int = 64, bits: int = 4, *, rows_per_warp: int = 0,
-                             features_per_warp: int = 0) -> mx.array | None:
+                             features_per_warp: int = 0, variant: str = "") -> mx.array | None:
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
-    one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path."""
+    one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path.
+    `variant` names an octet layout (OCTET_VARIANTS); else the warp layout's MB and R apply."""
+    if variant:
+        outs = rowwise_quantized_matmuls(x, [(wq, scales, biases)], group_size, bits, variant)
+        return None if outs is None else outs[0]
     k, n = x.shape[-1], wq.shape[0]
     rows = x.size // k
     if not on_cuda() or rows == 1:  # one row: MLX's own call is the reference itself
@@ -246,3 +371,58 @@ def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases
                   grid=(-(-n // (WARPS * r)) * 32 * WARPS, -(-rows // mb), 1), threadgroup=(32 * WARPS, 1, 1),
                   output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
     return out.reshape(*x.shape[:-1], n)
+
+
+def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array, mx.array | None]],
+                              group_size: int = 64, bits: int = 4,
+                              variant: str = "octet_f2_mb8") -> list[mx.array] | None:
+    """`[x @ dequantize(wq).T for (wq, scales, biases) in parts]` (one group size and width), each
+    row as `rowwise_quantized_matmul` computes it, in one launch of the octet layout: products that
+    share an input (q, k, v; gate, up) fill the GPU together. Off MLX CUDA, MLX's own calls; None
+    where some part's one-row call is not the replayed qmv."""
+    if variant not in OCTET_VARIANTS:
+        raise ValueError(f"rowwise_quantized_matmuls: unknown variant {variant!r} (one of {', '.join(OCTET_VARIANTS)})")
+    k = x.shape[-1]
+    rows = x.size // k
+    if not on_cuda() or rows == 1:
+        return [mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group_size, bits=bits)
+                for wq, s, b in parts]
+    if not parts or not all(replays_qmv(x, wq, s, b, group_size, bits) for wq, s, b in parts):
+        return None
+    ns = tuple(wq.shape[0] for wq, _, _ in parts)
+    kernel, launch = _octet_launch(rows, ns, x.dtype, bits, group_size, variant)
+    outs = kernel(inputs=[x.reshape(rows, k), *(a for part in parts for a in part)], **launch)
+    return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
+
+
+def octet_geometry(rows: int, ns: tuple[int, ...], bits: int, variant: str) -> tuple[int, int, int, int]:
+    """(features per thread, rows per block, threads per block, blocks along the features) of the
+    octet layout for `rows` rows and weights of `ns` features."""
+    f, mb = OCTET_VARIANTS[variant]
+    threads = 16 * (16 if bits == 4 else 8)  # 4 feature groups x (32 E / 8) octets
+    return f, min(mb, rows), threads, sum(-(-n // (4 * f)) for n in ns)
+
+
+_octet_kernels: dict[int, object] = {}
+_octet_launches: dict[tuple, tuple] = {}
+
+
+def _octet_launch(rows: int, ns: tuple[int, ...], dtype: mx.Dtype, bits: int, group_size: int,
+                  variant: str) -> tuple[object, dict]:
+    """The octet kernel for len(ns) weights and its launch arguments for one call's shapes (cached:
+    a verify makes hundreds of these calls, and the Python time is on the cycle's path)."""
+    key = (rows, ns, dtype, bits, group_size, variant)
+    if key not in _octet_launches:
+        count = len(ns)
+        if count not in _octet_kernels:
+            names = ["x"] + [f"{a}{i}" for i in range(count) for a in ("w", "scales", "biases")]
+            _octet_kernels[count] = mx.fast.cuda_kernel(
+                name=f"dflash_rowwise_qmv_octet{count}", input_names=names,
+                output_names=[f"out{i}" for i in range(count)], source=_octet_source(count), header=_RQ_HEADER,
+                ensure_row_contiguous=True)
+        f, mb, threads, blocks = octet_geometry(rows, ns, bits, variant)
+        launch = dict(template=[("T", dtype), ("M", rows), ("MB", mb), ("F", f), ("BITS", bits), ("GS", group_size)],
+                      grid=(blocks * threads, -(-rows // mb), 1), threadgroup=(threads, 1, 1),
+                      output_shapes=[(rows, n) for n in ns], output_dtypes=[dtype] * count)
+        _octet_launches[key] = (_octet_kernels[count], launch)
+    return _octet_launches[key]
