@@ -99,7 +99,7 @@ def test_round_bf16_rounds_to_nearest_even():
 
 
 @pytest.mark.skipif(not rq.on_cuda(), reason="bit-equality with MLX's qmv needs MLX CUDA")
-@pytest.mark.parametrize("variant", ["", *rq.OCTET_VARIANTS])
+@pytest.mark.parametrize("variant", ["warp", *rq.OCTET_VARIANTS])
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
 def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size, variant):
     for x, wq, scales, biases in (_quantized(1024, 4096, mx.bfloat16, group_size, bits),
@@ -168,8 +168,8 @@ def test_bench_part_runs_on_a_tiny_shape(capsys):
     for r in rows:
         assert r["part"] == "rowwise-quant" and not [key for key in r if key.endswith("_error")], r
         # on the CPU every path is MLX's own and row-invariant
-        assert r["qmm_equal_rows"] == r["rowwise_equal_rows"] == r["qmv7_equal_rows"] == bi.ROWS
-        assert all(r[f"{name}_ms"] > 0 and r[f"chain_{name}_ms"] > 0 for name in ("qmm", "rowwise", "qmv16", "qmv7"))
+        assert r["qmm_equal_rows"] == r["rowwise_warp_equal_rows"] == r["qmv7_equal_rows"] == bi.ROWS
+        assert all(r[f"{name}_ms"] > 0 and r[f"chain_{name}_ms"] > 0 for name in ("qmm", "rowwise_warp", "qmv16", "qmv7"))
         assert all(r[f"rowwise_{v}_equal_rows"] == bi.ROWS and r[f"chain_rowwise_{v}_ms"] > 0 for v in rq.OCTET_VARIANTS)
         assert r["octet_three_one_launch_ms"] > 0 and r["octet_three_separate_ms"] > 0
     # each row went to stderr as one JSON line as soon as it was measured

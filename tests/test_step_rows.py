@@ -78,6 +78,8 @@ def calls(monkeypatch):
     monkeypatch.setattr(step_rows, "addmm_rows", spy("addmm", step_rows.addmm_rows, lambda b, x, w: x.shape[-2]))
     monkeypatch.setattr(step_rows, "quantized_rows", spy("quantized", step_rows.quantized_rows,
                                                          lambda x, *a: x.shape[-2]))
+    monkeypatch.setattr(step_rows, "quantized_several_rows", spy("several quantized", step_rows.quantized_several_rows,
+                                                                 lambda x, *a: x.shape[-2]))
     monkeypatch.setattr(target_module, "step_attention", spy("attention", target_module.step_attention,
                                                              lambda q, *a: q.shape[2]))
     return seen
@@ -111,12 +113,11 @@ def test_only_a_verify_forward_runs_rows_as_steps(forced, calls):
     kind = "quantized" if variant == "4bit" else "matmul"
     layers = DIMS["layers"]
     # every linear of every layer, the head (tied: the embedding as a linear), every attention;
-    # plain linears that read one input go together (q, k, v; gate, up), quantized ones do not
-    if variant == "4bit":
-        assert calls[kind] == 7 * layers + 1 and calls[f"{kind} rows"] == 5 and calls["several"] == 0, calls
-    else:
-        assert calls[kind] == 2 * layers + 1 and calls[f"{kind} rows"] == 5, calls
-        assert calls["several"] == 2 * layers and calls["several rows"] == 5, calls
+    # linears that read one input go together (q, k, v; gate, up)
+    several = "several quantized" if variant == "4bit" else "several"
+    assert calls[kind] == 2 * layers + 1 and calls[f"{kind} rows"] == 5, calls
+    assert calls[several] == 2 * layers and calls[f"{several} rows"] == 5, calls
+    assert calls["several quantized" if several == "several" else "several"] == 0, calls
     assert calls["attention"] == layers and calls["attention rows"] == 5, calls
     calls.clear()
     mx.eval(target.forward(prompt[:, :5], cache)[0])  # no begin_verify: not a verify
@@ -148,6 +149,30 @@ def test_linears_that_read_one_input_go_together_only_for_that_input(calls):
     calls.clear()
     attention.q_proj(x), attention.k_proj(x)  # outside a verify: MLX's own products
     assert sum(calls.values()) == 0, calls
+
+
+def test_quantized_linears_that_read_one_input_go_together_and_keep_their_biases(calls):
+    """Qwen2's q/k/v, quantized: one launch for the three products, each adding its own bias."""
+    attention = nn.Module()
+    attention.q_proj, attention.k_proj, attention.v_proj = (nn.QuantizedLinear(128, n, bias=True, group_size=64, bits=4)
+                                                            for n in (64, 32, 32))
+    for layer in (attention.q_proj, attention.k_proj, attention.v_proj):
+        layer.bias = mx.random.normal(layer.bias.shape)
+    attention.o_proj = nn.QuantizedLinear(128, 64, bias=False, group_size=32, bits=8)  # not in a group
+    assert step_rows.install(attention) == 4
+    x = mx.random.normal((1, 6, 128))
+    want = [nn.QuantizedLinear.__call__(m, x) for m in (attention.q_proj, attention.k_proj, attention.v_proj)]
+    with step_rows.verifying():
+        got = [attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)]
+        attention.o_proj(x)
+    assert calls["several quantized"] == 1 and calls["quantized"] == 1, calls  # the group, then o alone
+    assert all(mx.array_equal(g, w).item() for g, w in zip(got, want))
+    # a group of another width or group size is not linked
+    other = nn.Module()
+    other.gate_proj = nn.QuantizedLinear(128, 64, group_size=64, bits=4)
+    other.up_proj = nn.QuantizedLinear(128, 64, group_size=64, bits=8)
+    step_rows.install(other)
+    assert "_rows_siblings" not in other.gate_proj.__dict__
 
 
 def test_linear_with_a_bias_runs_one_addmm_a_row(calls):

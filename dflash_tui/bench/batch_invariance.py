@@ -138,7 +138,8 @@ RQ_SPLITS = ((8, 1), (4, 2), (2, 4), (8, 2), (4, 4), (2, 8))  # (rows, features)
 
 def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, group_size: int = 64) -> dict[str, Any]:
     """A quantized linear on 16 rows: MLX's own call (qmm), the row-wise kernel
-    (engine/cuda_rowwise_quant) and MLX's qmv on slices of at most 7 rows, each against 16
+    (engine/cuda_rowwise_quant: its warp layout at several splits, every octet variant, and
+    three products of one input in one launch) and MLX's qmv on slices of at most 7 rows, each against 16
     one-row calls (qmv); single-call times, and `chain` calls on distinct weight copies built
     lazily and evaluated once (as a verify's layers are). Each case fails on its own."""
     from dflash_tui.bench import qmv_order
@@ -155,7 +156,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
             raise ValueError("MLX's one-row call here is not the qmv the kernel replays")
         return out
 
-    paths = {"qmm": qmm, "rowwise": rowwise,
+    paths = {"qmm": qmm, "rowwise_warp": lambda a, p=packed: rowwise(a, p, variant="warp"),
              "qmv16": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 1], p) for i in range(ROWS)]),
              "qmv7": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 7], p) for i in range(0, ROWS, 7)])}
     row: dict[str, Any] = {"part": "rowwise-quant", "bits": bits, "group_size": group_size, "k": k, "n": n}
@@ -168,7 +169,8 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
 
     one = paths["qmv16"](x)
     mx.eval(one)
-    variants = {f"rowwise_mb{mb}_r{r}": (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f))
+    variants = {f"rowwise_warp_mb{mb}_r{r}":
+                (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f, variant="warp"))
                 for mb, r in RQ_SPLITS}
     octets = {f"rowwise_{v}": (lambda a, p=packed, v=v: rowwise(a, p, variant=v)) for v in rq.OCTET_VARIANTS}
     for name, fn in {**paths, **variants, **octets}.items():

@@ -64,6 +64,9 @@ OCTET_VARIANTS: dict[str, tuple[int, int]] = {
     "octet_f2_mb8": (2, 8), "octet_f4_mb4": (4, 4), "octet_f1_mb16": (1, 16), "octet_f2_mb4": (2, 4),
     "octet_f1_mb8": (1, 8),
 }
+# Chosen by registers (ptxas, sm_90: 128 and 123 a thread, two and four blocks an SM) and the x
+# bytes a weight byte costs; not measured against the warp layout on a GPU yet.
+DEFAULT_VARIANTS = {4: "octet_f2_mb8", 8: "octet_f2_mb4"}
 
 _RQ_HEADER = _HEADER + """
 template <bool C, typename A, typename B> struct rq_if { using type = A; };
@@ -345,12 +348,13 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
                              group_size: int = 64, bits: int = 4, *, rows_per_warp: int = 0,
-                             features_per_warp: int = 0, variant: str = "") -> mx.array | None:
+                             features_per_warp: int = 0, variant: str | None = None) -> mx.array | None:
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
     one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path.
-    `variant` names an octet layout (OCTET_VARIANTS); else the warp layout's MB and R apply."""
-    if variant:
+    `variant`: an octet layout (OCTET_VARIANTS; by default the width's DEFAULT_VARIANTS) or
+    "warp", the warp layout with its MB and R."""
+    if variant != "warp":
         outs = rowwise_quantized_matmuls(x, [(wq, scales, biases)], group_size, bits, variant)
         return None if outs is None else outs[0]
     k, n = x.shape[-1], wq.shape[0]
@@ -375,11 +379,12 @@ def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases
 
 def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array, mx.array | None]],
                               group_size: int = 64, bits: int = 4,
-                              variant: str = "octet_f2_mb8") -> list[mx.array] | None:
+                              variant: str | None = None) -> list[mx.array] | None:
     """`[x @ dequantize(wq).T for (wq, scales, biases) in parts]` (one group size and width), each
     row as `rowwise_quantized_matmul` computes it, in one launch of the octet layout: products that
     share an input (q, k, v; gate, up) fill the GPU together. Off MLX CUDA, MLX's own calls; None
     where some part's one-row call is not the replayed qmv."""
+    variant = variant or DEFAULT_VARIANTS.get(bits, "octet_f2_mb8")
     if variant not in OCTET_VARIANTS:
         raise ValueError(f"rowwise_quantized_matmuls: unknown variant {variant!r} (one of {', '.join(OCTET_VARIANTS)})")
     k = x.shape[-1]

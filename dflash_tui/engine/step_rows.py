@@ -9,8 +9,8 @@ target's linear layers and attention compute each row in the one-row kernel's or
 - `nn.Linear` without a bias: `cuda_rowwise.rowwise_matmul` (gemv's order), the linears that
   read one input (q, k, v; gate, up) in one launch; with a bias (`addmm`, which MLX sends to
   cuBLAS): one MLX call per row, as the step makes it;
-- `nn.QuantizedLinear` (affine): `cuda_rowwise_quant` (qmv's order); where that kernel does
-  not replay the one-row call, MLX's own call on at most 7 rows at a time (MLX CUDA computes
+- `nn.QuantizedLinear` (affine): `cuda_rowwise_quant` (qmv's order), the ones that read one
+  input in one launch as above; where that kernel does not replay the one-row call, MLX's own call on at most 7 rows at a time (MLX CUDA computes
   up to 7 rows with the one-row kernel, one grid row each);
 - attention: `cuda_step_attention.step_attention`; the tied head (`Embedding.as_linear`) as
   the first bullets;
@@ -35,7 +35,7 @@ import mlx.nn as nn
 
 from dflash_tui.engine.cuda_kernels import kernels_wanted, on_cuda
 from dflash_tui.engine.cuda_rowwise import MAX_ROWS, rowwise_matmul, rowwise_matmuls
-from dflash_tui.engine.cuda_rowwise_quant import rowwise_quantized_matmul
+from dflash_tui.engine.cuda_rowwise_quant import rowwise_quantized_matmul, rowwise_quantized_matmuls
 
 QMV_ROWS = 7  # MLX CUDA's quantized matmul uses its one-row kernel (qmv) below 8 rows
 _state = threading.local()
@@ -116,6 +116,32 @@ def quantized_rows(x: mx.array, w: mx.array, scales: mx.array, biases, group_siz
     return _by_chunks(x, MAX_ROWS, chunk)
 
 
+def quantized_several_rows(x: mx.array, parts: list[tuple], group_size: int, bits: int) -> list[mx.array]:
+    """`[quantized_rows(x, *part, group_size, bits) for part in parts]` (affine), in one launch where
+    x has at most 16 rows and the kernel replays every part's one-row call."""
+    if x.shape[-2] <= MAX_ROWS:
+        outs = rowwise_quantized_matmuls(x, parts, group_size=group_size, bits=bits)
+        if outs is not None:
+            return outs
+    return [quantized_rows(x, *part, group_size, bits) for part in parts]
+
+
+def _grouped(module: nn.Module, x: mx.array, alone, together) -> mx.array:
+    """The module's product for x: taken from the first linear of its group where that one computed
+    it from this very input, else `together(group)` for a first with siblings, else `alone()`."""
+    pending = _state.pending  # set by verifying(), which active() implies
+    done = pending.pop(id(module), None)
+    if done is not None and done[0] is x:  # computed with the first of its group, from this input
+        return done[1]
+    siblings = module.__dict__.get("_rows_siblings")
+    if siblings is None:
+        return alone()
+    outs = together((module, *siblings))
+    for sibling, out in zip(siblings, outs[1:]):
+        pending[id(sibling)] = (x, out)
+    return outs[0]
+
+
 # Linears that read the same input, in the order a layer calls them (mlx-lm's attention and MLP).
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -126,25 +152,18 @@ class StepRowsLinear(nn.Linear):
             return nn.Linear.__call__(self, x)
         if "bias" in self:
             return addmm_rows(self["bias"], x, self["weight"])
-        pending = _state.pending  # set by verifying(), which active() implies
-        done = pending.pop(id(self), None)
-        if done is not None and done[0] is x:  # computed with the first of its group, from this input
-            return done[1]
-        siblings = self.__dict__.get("_rows_siblings")
-        if siblings is None:
-            return matmul_rows(x, self["weight"])
-        outs = matmuls_rows(x, [self["weight"]] + [m["weight"] for m in siblings])
-        for module, out in zip(siblings, outs[1:]):
-            pending[id(module)] = (x, out)
-        return outs[0]
+        return _grouped(self, x, lambda: matmul_rows(x, self["weight"]),
+                        lambda group: matmuls_rows(x, [m["weight"] for m in group]))
 
 
 class StepRowsQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if not active() or _rows(x) < 2:
             return nn.QuantizedLinear.__call__(self, x)
-        out = quantized_rows(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits,
-                             getattr(self, "mode", "affine"))
+        out = _grouped(self, x, lambda: quantized_rows(x, self["weight"], self["scales"], self.get("biases"),
+                                                       self.group_size, self.bits, getattr(self, "mode", "affine")),
+                       lambda group: quantized_several_rows(x, [(m["weight"], m["scales"], m.get("biases")) for m in group],
+                                                            self.group_size, self.bits))
         return out + self["bias"] if "bias" in self else out
 
 
@@ -179,8 +198,13 @@ def _link_siblings(module: nn.Module) -> None:
     a verify then computes the group in one launch, each product's rows as they would be alone."""
     for names in SIBLINGS:
         group = [module.get(name) for name in names]
-        if (all(type(m) is StepRowsLinear and "bias" not in m for m in group)
-                and len({(m["weight"].shape[1], m["weight"].dtype) for m in group}) == 1):
+        plain = (all(type(m) is StepRowsLinear and "bias" not in m for m in group)
+                 and len({(m["weight"].shape[1], m["weight"].dtype) for m in group}) == 1)
+        # quantized: one width, group size and input size, affine (a bias is added by each after)
+        quantized = (all(type(m) is StepRowsQuantizedLinear and getattr(m, "mode", "affine") == "affine"
+                         for m in group)
+                     and len({(m.bits, m.group_size, m["weight"].shape[1], m["scales"].dtype) for m in group}) == 1)
+        if plain or quantized:
             # in the instance's __dict__, past nn.Module's __setattr__: not a child module or parameter
             object.__setattr__(group[0], "_rows_siblings", tuple(group[1:]))
 
