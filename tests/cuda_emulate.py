@@ -7,7 +7,9 @@ another), and the 16-bit float operations round once from the exact result, as t
 do. What a GPU computes is still the GPU tests' word; this catches a thread that reads the wrong
 column, a tail that writes what it should not, or a reduction in the wrong order, on small shapes.
 
-Only kernels without inline PTX or tensor cores can run here (the quantized row-wise matmul's).
+Kernels with tensor cores or fast-math intrinsics cannot run here. PTX helpers with a plain
+meaning have host twins (`cp.async`: a copy at once, whose waits then have nothing to wait
+for), and a kernel's dynamic shared memory is a buffer of the launch's size.
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ using std::min;
 #define __noinline__
 #define __grid_constant__
 #define __shared__ static
+#define __align__(n) alignas(n)
 
 struct alignas(8) uint2 { unsigned x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
 static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 static inline float2 make_float2(float x, float y) { return {x, y}; }
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 
 // bfloat16: v rounded to nearest, ties to even, from a double (exact for every value used here)
@@ -159,28 +164,67 @@ using Strides = std::array<int64_t, 10>;
 }}}
 """
 
-# the engine's shared device header has PTX (tensor cores, cp.async); these of its helpers are plain C++
+# the engine's shared device header has PTX (tensor cores); these of its helpers are plain C++
 _HOST_HELPERS = ("dflash_f", "dflash_warp_sum")
+# PTX helpers and their meaning on the host: a cp.async copy lands at once, so its waits are empty
+_HOST_TWINS = {
+    "dflash_cp_async16": "static inline void dflash_cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }\n",
+    "dflash_cp_async_commit": "static inline void dflash_cp_async_commit() {}\n",
+    "dflash_cp_async_wait_pending": "template <int N>\nstatic inline void dflash_cp_async_wait_pending() {}\n",
+}
+
+
+def _definitions(header: str, names) -> list[tuple[int, int, str]]:
+    """(first line, line past the end, name) of each device function named in `names` (a
+    `template <...>` line before one belongs to it), its end found by balancing braces."""
+    lines = header.splitlines(keepends=True)
+    found, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        name = next((n for n in names if line.startswith("__device__") and f" {n}(" in line), None)
+        if name is None:
+            i += 1
+            continue
+        start = i - 1 if i and lines[i - 1].startswith("template <") else i
+        depth, j = 0, i
+        while True:
+            depth += lines[j].count("{") - lines[j].count("}")
+            j += 1
+            if depth == 0 and "{" in "".join(lines[i:j]):
+                break
+        found.append((start, j, name))
+        i = j
+    return found
 
 
 def host_helpers(header: str) -> str:
     """The functions of the engine's shared header that run on the host, as written there."""
-    out, taking = [], False
-    for line in header.splitlines(keepends=True):
-        if any(f"float {name}(" in line for name in _HOST_HELPERS) and line.startswith("__device__"):
-            taking = not line.rstrip().endswith("}")
-            out.append(line)
-        elif taking:
-            out.append(line)
-            taking = line.rstrip() != "}"
-    return "".join(out)
+    lines = header.splitlines(keepends=True)
+    return "".join("".join(lines[a:b]) for a, b, _ in _definitions(header, _HOST_HELPERS))
+
+
+def host_header(header: str) -> str:
+    """A kernel's own header with its PTX helpers swapped for their host twins."""
+    lines = header.splitlines(keepends=True)
+    out, at = [], 0
+    for a, b, name in _definitions(header, _HOST_TWINS):
+        out += lines[at:a] + [_HOST_TWINS[name]]
+        at = b
+    return "".join(out + lines[at:])
+
+
+def _static_shared(body: str, shared_bytes: int) -> str:
+    """The kernel's dynamic shared memory as a buffer of the launch's size (one per block)."""
+    return re.sub(r"extern __shared__ __align__\((\d+)\) float (\w+)\[\];",
+                  lambda m: f"alignas({m.group(1)}) static float {m.group(2)}[{max(1, shared_bytes // 4)}];", body)
 
 
 def run_kernel(tmp_path: Path, header: str, body: str, consts: list[str],
                inputs: list[tuple[str, np.ndarray, str]], outputs: list[tuple[str, tuple[int, ...], str]],
-               grid: tuple[int, int], threads: int) -> list[np.ndarray]:
+               grid: tuple[int, int], threads: int, shared_bytes: int = 0) -> list[np.ndarray]:
     """Run `body` (a kernel's source as MLX's cuda_kernel takes it, `header` its helpers after the
-    engine's shared header) over `grid` blocks of `threads` threads. Inputs are (name, array, C
+    engine's shared header, its dynamic shared memory `shared_bytes`) over `grid` blocks of
+    `threads` threads. Inputs are (name, array, C
     type) and each input's `_shape` is passed; outputs are (name, shape, C type), returned as
     arrays of the inputs' dtype for 16-bit types (uint16 bits for bfloat16)."""
     params, decls, loads, args = [], [], [], []
@@ -199,7 +243,7 @@ def run_kernel(tmp_path: Path, header: str, body: str, consts: list[str],
         args.append(f"dfe_out{j}.data()")
         loads.append(f"dfe_write(\"{tmp_path}/out{j}.bin\", dfe_out{j}.data(), {count} * sizeof({ctype}));")
     kernel = (f"static void dfe_kernel({', '.join(params)}) {{\n"
-              + "".join(f"  {c};\n" for c in consts) + body + "\n}\n")
+              + "".join(f"  {c};\n" for c in consts) + _static_shared(body, shared_bytes) + "\n}\n")
     main = (
         "static std::vector<char> dfe_read(const char* path, size_t n) {\n"
         "  std::vector<char> b(n); FILE* f = std::fopen(path, \"rb\");\n"
@@ -210,7 +254,7 @@ def run_kernel(tmp_path: Path, header: str, body: str, consts: list[str],
         f"static void dfe_run() {{ mlx::core::cu::dfe_kernel({', '.join(args)}); }}\n"
         f"int main() {{ dfe_launch(dfe_run, dim3{{{grid[0]}, {grid[1]}, 1}}, dim3{{{threads}, 1, 1}});\n"
         + "".join(f"  {line}\n" for line in loads) + "  return 0; }\n")
-    source = (_RUNTIME + header + "namespace mlx { namespace core { namespace cu {\n" + kernel + "}}}\n" + main)
+    source = (_RUNTIME + host_header(header) + "namespace mlx { namespace core { namespace cu {\n" + kernel + "}}}\n" + main)
     (tmp_path / "emulated.cpp").write_text(source)
     exe = tmp_path / "emulated"
     build = subprocess.run(["g++", "-std=c++17", "-O1", "-w", str(tmp_path / "emulated.cpp"), "-o", str(exe)],

@@ -1,17 +1,21 @@
 """The row-wise matmul (engine/cuda_rowwise.py) on this machine: its kernel source compiles for
 every variant, its wrapper's shapes and checks, and off CUDA it is MLX's own `x @ w.T`.
 
-Bit-equality with MLX CUDA's one-row gemv can only be checked on the GPU
-(`python -m dflash_tui.bench.rowwise --shape qwen3-4b`)."""
+Its CUDA source also runs on the CPU (tests/cuda_emulate.py) against a NumPy replay of MLX's
+gemv order, on inputs where that order shows. Bit-equality with MLX CUDA's own gemv can only be
+checked on the GPU (`python -m dflash_tui.bench.rowwise --shape qwen3-4b`)."""
 
 from __future__ import annotations
 
 import json
 
 import cuda_compile as cc
+import cuda_emulate as ce
 import mlx.core as mx
+import numpy as np
 import pytest
 from cuda_compile import needs_nvcc
+from cuda_emulate import needs_cxx
 
 from dflash_tui.engine import cuda_kernels as ck
 from dflash_tui.engine import cuda_rowwise as cr
@@ -135,3 +139,73 @@ def test_batch_invariance_has_the_rowwise_part(capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {r["part"] for r in rows} == {"rowwise", "rowwise several", "rowwise chain"}
     assert all(r["equal_rows"] == bi.ROWS for r in rows if r["part"] == "rowwise" and r["variant"] != "mlx")
+
+
+# -- the CUDA source run on the CPU (tests/cuda_emulate.py) ---------------------------------------
+
+def _gemv_replay(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each row of x [M, K] (bf16 values as float64) times w [N, K] as MLX CUDA's gemv computes it
+    alone: lane l's float sum over columns NPT*l + 32*NPT*i + j in order, the butterfly, bf16."""
+    from dflash_tui.bench.qmv_order import round_bf16
+
+    n, k = w.shape
+    npt = cr.n_per_thread(k)
+    steps = -(-k // (32 * npt))
+    pad = steps * 32 * npt - k  # a lane past K adds nothing
+    wt = np.pad(w, ((0, 0), (0, pad))).astype(np.float32).reshape(n, steps, 32, npt)
+    out = np.empty((x.shape[0], n))
+    for m, row in enumerate(np.pad(x, ((0, 0), (0, pad))).astype(np.float32).reshape(-1, steps, 32, npt)):
+        acc = np.zeros((n, 32), dtype=np.float32)
+        for i in range(steps):
+            for j in range(npt):
+                acc = acc + row[i, :, j] * wt[:, i, :, j]  # a bf16 product is exact in float
+        for o in (16, 8, 4, 2, 1):
+            acc = acc + acc[:, np.arange(32) ^ o]
+        out[m] = round_bf16(acc[:, 0].astype(np.float64))
+    return out
+
+
+def _order_sensitive(n: int, k: int, rows: int, seed: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """bf16 values (as float64) on which gemv's order shows: lanes 0 and 16 (8 and 24) begin with
+    products of +-2^24 (2^20) that cancel over equal weights, so another order of the lane sums
+    loses the small products beside the large ones or keeps them."""
+    from dflash_tui.bench.qmv_order import round_bf16
+
+    rng = np.random.default_rng(seed)
+    npt = cr.n_per_thread(k)
+    x, w = rng.standard_normal((rows, k)), rng.standard_normal((n, k)) * k ** -0.5
+    for a, b, big in ((0, 16, 2.0 ** 24), (8, 24, 2.0 ** 20)):
+        x[:, a * npt], x[:, b * npt] = big, -big
+        w[:, b * npt] = w[:, a * npt]
+    return round_bf16(x), round_bf16(w)
+
+
+@needs_cxx
+@pytest.mark.parametrize("k", [1024, 1088, 1000])  # NPT 4, 2 and 1 (a partial last step)
+def test_kernel_run_on_the_cpu_equals_the_gemv_replay(tmp_path, k):
+    rows, ns = 13, (44, 20, 8)  # a partial row block; a partial feature block in every weight
+    x, w = _order_sensitive(sum(ns), k, rows)
+    ws = [w[:44], w[44:64], w[64:]]
+    want = [_gemv_replay(x, part) for part in ws]
+    name = cr.DEFAULT_VARIANT
+    v = cr.VARIANTS[name]
+    for count in (1, 3):
+        _, launch = cr._launch_arguments(rows, k, ns[:count], mx.bfloat16, name)
+        threads = launch["threadgroup"][0]
+        consts = [f"using T = __nv_bfloat16" if c == "T" else f"constexpr int {c} = {val}"
+                  for c, val in launch["template"]]
+        got = ce.run_kernel(
+            tmp_path, ce.host_helpers(ck._HEADER) + cr._ROWWISE_HEADER, cr._source(count), consts,
+            [("x", ce.bf16_bits(x), "__nv_bfloat16")]
+            + [(f"w{i}", ce.bf16_bits(part), "__nv_bfloat16") for i, part in enumerate(ws[:count])],
+            [(f"out{i}", (rows, part.shape[0]), "__nv_bfloat16") for i, part in enumerate(ws[:count])],
+            (launch["grid"][0] // threads, launch["grid"][1]), threads,
+            shared_bytes=cr.shared_bytes(rows, k, 2, v))
+        for i in range(count):
+            assert np.array_equal(got[i], ce.bf16_bits(want[i])), (count, i)
+
+
+def test_the_order_sensitive_inputs_tell_gemv_orders_apart():
+    x, w = _order_sensitive(44, 1024, 3)
+    lanes_in_a_row = (x.astype(np.float32) @ w.T.astype(np.float32))  # BLAS's own order
+    assert (ce.bf16_bits(_gemv_replay(x, w)) != ce.bf16_bits(lanes_in_a_row)).mean() > 0.5

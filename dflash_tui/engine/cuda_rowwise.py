@@ -376,14 +376,19 @@ def _launch(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name: str) -> 
     hundreds of these calls, and the Python time is on the cycle's path)."""
     key = (m, k, ns, dtype, name)
     if key not in _launches:
-        v = VARIANTS[name]
-        mb = block_rows(m, v)
-        threads = 128 * v.feature_sets
-        blocks = sum(-(-n // v.features_per_block()) for n in ns)
-        launch = dict(
-            template=[("T", dtype), ("M", m), ("NPT", n_per_thread(k)), ("F", v.features), ("FS", v.feature_sets),
-                      ("S", STEPS), ("NST", STAGES), ("MB", mb)],
-            grid=(blocks * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
-            output_shapes=[(m, n) for n in ns], output_dtypes=[dtype] * len(ns))
-        _launches[key] = (_kernel(name, shared_bytes(m, k, dtype.size, v), len(ns)), launch)
+        _launches[key] = _launch_arguments(m, k, ns, dtype, name)
     return _launches[key]
+
+
+def _launch_arguments(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name: str) -> tuple[object, dict]:
+    """(the kernel where MLX runs on CUDA, else None; its launch arguments)."""
+    v = VARIANTS[name]
+    mb = block_rows(m, v)
+    threads = 128 * v.feature_sets
+    blocks = sum(-(-n // v.features_per_block()) for n in ns)
+    launch = dict(
+        template=[("T", dtype), ("M", m), ("NPT", n_per_thread(k)), ("F", v.features), ("FS", v.feature_sets),
+                  ("S", STEPS), ("NST", STAGES), ("MB", mb)],
+        grid=(blocks * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(m, n) for n in ns], output_dtypes=[dtype] * len(ns))
+    return (_kernel(name, shared_bytes(m, k, dtype.size, v), len(ns)) if on_cuda() else None), launch
