@@ -192,7 +192,7 @@ def test_kernel_run_on_the_cpu_equals_the_gemv_replay(tmp_path, k):
     for count in (1, 3):
         _, launch = cr._launch_arguments(rows, k, ns[:count], mx.bfloat16, name)
         threads = launch["threadgroup"][0]
-        consts = [f"using T = __nv_bfloat16" if c == "T" else f"constexpr int {c} = {val}"
+        consts = ["using T = __nv_bfloat16" if c == "T" else f"constexpr int {c} = {val}"
                   for c, val in launch["template"]]
         got = ce.run_kernel(
             tmp_path, ce.host_helpers(ck._HEADER) + cr._ROWWISE_HEADER, cr._source(count), consts,
