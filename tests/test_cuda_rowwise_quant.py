@@ -123,24 +123,23 @@ def test_several_weights_in_one_launch_equal_each_alone_on_cuda(bits):
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
 def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, R, BITS, GS) in one translation unit, and the octet layout's for
-    every variant, width and group size, with one weight and with three."""
+    """One kernel per (M, MB, R, BITS, GS) in one translation unit, and the octet layout's."""
     inputs = [("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)]
     kernels = [cc.kernel(f"k{j}", rq._SOURCE, inputs, [("out", ctype)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int MB = {mb}",
                           f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"])
                for j, (m, mb, r, bits, gs) in enumerate(instances)]
-    for count in (1, 3):
+    # every variant at both widths; groups of 32 and three weights for the defaults
+    octets = [(1, v, bits, 64) for v in rq.OCTET_VARIANTS for bits in rq.BITS]
+    octets += [(count, rq.DEFAULT_VARIANTS[bits], bits, gs) for bits in rq.BITS for count, gs in ((1, 32), (3, 64))]
+    for count, variant, bits, gs in octets:
+        f, mb = rq.OCTET_VARIANTS[variant]
         names = [("x", ctype)] + [(f"{a}{i}", "uint32_t" if a == "w" else ctype)
                                   for i in range(count) for a in ("w", "scales", "biases")]
-        for variant, (f, mb) in rq.OCTET_VARIANTS.items():
-            for bits in rq.BITS:
-                for gs in rq.GROUP_SIZES:
-                    kernels.append(cc.kernel(f"{variant}_{count}_{bits}_{gs}", rq._octet_source(count), names,
-                                             [(f"out{i}", ctype) for i in range(count)],
-                                             [f"using T = {ctype}", "constexpr int M = 16", f"constexpr int MB = {mb}",
-                                              f"constexpr int F = {f}", f"constexpr int BITS = {bits}",
-                                              f"constexpr int GS = {gs}"]))
+        kernels.append(cc.kernel(f"{variant}_{count}_{bits}_{gs}", rq._octet_source(count), names,
+                                 [(f"out{i}", ctype) for i in range(count)],
+                                 [f"using T = {ctype}", "constexpr int M = 16", f"constexpr int MB = {mb}",
+                                  f"constexpr int F = {f}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"]))
     return cc.translation_unit(rq._RQ_HEADER, kernels)
 
 
