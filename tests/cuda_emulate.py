@@ -204,7 +204,12 @@ def host_helpers(header: str) -> str:
 
 
 def host_header(header: str) -> str:
-    """A kernel's own header with its PTX helpers swapped for their host twins."""
+    """A kernel's header for the host: the engine's shared header (where it begins with it) cut to
+    its host helpers, the kernel's own PTX helpers swapped for their host twins."""
+    from dflash_tui.engine.cuda_base import _HEADER
+
+    if header.startswith(_HEADER):
+        header = host_helpers(_HEADER) + header[len(_HEADER):]
     lines = header.splitlines(keepends=True)
     out, at = [], 0
     for a, b, name in _definitions(header, _HOST_TWINS):
@@ -222,9 +227,9 @@ def _static_shared(body: str, shared_bytes: int) -> str:
 def run_kernel(tmp_path: Path, header: str, body: str, consts: list[str],
                inputs: list[tuple[str, np.ndarray, str]], outputs: list[tuple[str, tuple[int, ...], str]],
                grid: tuple[int, int], threads: int, shared_bytes: int = 0) -> list[np.ndarray]:
-    """Run `body` (a kernel's source as MLX's cuda_kernel takes it, `header` its helpers after the
-    engine's shared header, its dynamic shared memory `shared_bytes`) over `grid` blocks of
-    `threads` threads. Inputs are (name, array, C
+    """Run `body` (a kernel's source as MLX's cuda_kernel takes it, `header` the header it is
+    compiled with, its dynamic shared memory `shared_bytes`) over `grid` blocks of `threads`
+    threads. Inputs are (name, array, C
     type) and each input's `_shape` is passed; outputs are (name, shape, C type), returned as
     arrays of the inputs' dtype for 16-bit types (uint16 bits for bfloat16)."""
     params, decls, loads, args = [], [], [], []

@@ -195,7 +195,7 @@ def test_kernel_run_on_the_cpu_equals_the_gemv_replay(tmp_path, k):
         consts = ["using T = __nv_bfloat16" if c == "T" else f"constexpr int {c} = {val}"
                   for c, val in launch["template"]]
         got = ce.run_kernel(
-            tmp_path, ce.host_helpers(ck._HEADER) + cr._ROWWISE_HEADER, cr._source(count), consts,
+            tmp_path, ck._HEADER + cr._ROWWISE_HEADER, cr._source(count), consts,
             [("x", ce.bf16_bits(x), "__nv_bfloat16")]
             + [(f"w{i}", ce.bf16_bits(part), "__nv_bfloat16") for i, part in enumerate(ws[:count])],
             [(f"out{i}", (rows, part.shape[0]), "__nv_bfloat16") for i, part in enumerate(ws[:count])],

@@ -184,13 +184,12 @@ def _bits(a: mx.array) -> np.ndarray:
 
 def _emulate(tmp_path, source: str, consts: list[str], x: mx.array, parts: list[tuple], names: list[str],
              grid: tuple[int, int], threads: int) -> list[np.ndarray]:
-    header = ce.host_helpers(rq._HEADER) + rq._RQ_HEADER[len(rq._HEADER):]
     inputs = [("x", _bits(x), "__nv_bfloat16")]
     for name, (wq, scales, biases) in zip(names, parts):
         inputs += [(f"w{name}", _bits(wq), "uint32_t"), (f"scales{name}", _bits(scales), "__nv_bfloat16"),
                    (f"biases{name}", _bits(biases), "__nv_bfloat16")]
     outputs = [(f"out{name}", (x.shape[0], wq.shape[0]), "__nv_bfloat16") for name, (wq, _, _) in zip(names, parts)]
-    return ce.run_kernel(tmp_path, header, source, consts, inputs, outputs, grid, threads)
+    return ce.run_kernel(tmp_path, rq._RQ_HEADER, source, consts, inputs, outputs, grid, threads)
 
 
 def _consts(rows: int, mb: int, split: str, split_value: int, bits: int, group_size: int) -> list[str]:

@@ -190,7 +190,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
         case(f"chain_{name}_ms", lambda f=fn: _timed(lambda: [f(x, copies[i % len(copies)]) for i in range(chain)], 5))
     # three products of one input (q, k, v; gate, up): one launch of the octet layout against three
     three = copies[:3] if len(copies) >= 3 else [packed] * 3
-    case("octet_three_separate_ms", lambda: _timed(lambda: [rowwise(x, p, variant="octet_f2_mb8") for p in three]))
+    case("octet_three_separate_ms", lambda: _timed(lambda: [rowwise(x, p) for p in three]))
     case("octet_three_one_launch_ms", lambda: _timed(lambda: rq.rowwise_quantized_matmuls(x, three, group_size, bits)))
     row["chain_copies"] = len(copies)
     return row

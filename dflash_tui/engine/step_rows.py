@@ -10,8 +10,9 @@ target's linear layers and attention compute each row in the one-row kernel's or
   read one input (q, k, v; gate, up) in one launch; with a bias (`addmm`, which MLX sends to
   cuBLAS): one MLX call per row, as the step makes it;
 - `nn.QuantizedLinear` (affine): `cuda_rowwise_quant` (qmv's order), the ones that read one
-  input in one launch as above; where that kernel does not replay the one-row call, MLX's own call on at most 7 rows at a time (MLX CUDA computes
-  up to 7 rows with the one-row kernel, one grid row each);
+  input in one launch as above; where that kernel does not replay the one-row call, MLX's own
+  call on at most 7 rows at a time (MLX CUDA computes up to 7 rows with the one-row kernel, one
+  grid row each);
 - attention: `cuda_step_attention.step_attention`; the tied head (`Embedding.as_linear`) as
   the first bullets;
 - a causal `nn.Conv1d` (the Gated DeltaNet's, fed its K-1 cached rows and the new ones): each
