@@ -44,6 +44,7 @@ def _order_sensitive(n: int, k: int, group_size: int, bits: int, rows: int, seed
     return mx.array(x.astype(np.float32)).astype(mx.bfloat16), wq, scales, biases
 
 
+@pytest.mark.skipif(rq.on_cuda(), reason="on MLX CUDA the rows follow qmv, not the 16-row qmm (tests below)")
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
 def test_cpu_path_is_mlx_quantized_matmul(bits, group_size):
     x, wq, scales, biases = _quantized(96, 256, mx.bfloat16, group_size, bits)
