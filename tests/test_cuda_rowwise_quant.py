@@ -100,12 +100,11 @@ def test_round_bf16_rounds_to_nearest_even():
 
 
 @pytest.mark.skipif(not rq.on_cuda(), reason="bit-equality with MLX's qmv needs MLX CUDA")
-@pytest.mark.parametrize("variant", ["warp", *rq.OCTET_VARIANTS])
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
-def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size, variant):
+def test_every_row_equals_mlx_one_row_call_on_cuda(bits, group_size):
     for x, wq, scales, biases in (_quantized(1024, 4096, mx.bfloat16, group_size, bits),
                                   _order_sensitive(1000, 4096 + 64, group_size, bits, 16)):
-        got = rq.rowwise_quantized_matmul(x, wq, scales, biases, group_size, bits, variant=variant)
+        got = rq.rowwise_quantized_matmul(x, wq, scales, biases, group_size, bits)
         one = [mx.quantized_matmul(x[i : i + 1], wq, scales, biases, transpose=True, group_size=group_size,
                                    bits=bits) for i in range(16)]
         assert [bool(mx.array_equal(got[i : i + 1], one[i]).item()) for i in range(16)] == [True] * 16
@@ -118,26 +117,19 @@ def test_several_weights_in_one_launch_equal_each_alone_on_cuda(bits):
     parts = [(wq, scales, biases), (wq[:200], scales[:200], biases[:200]), (wq[200:204], scales[200:204], biases[200:204])]
     got = rq.rowwise_quantized_matmuls(x, parts, 64, bits)
     for out, part in zip(got, parts):
-        assert mx.array_equal(out, rq.rowwise_quantized_matmul(x, *part, 64, bits, variant="octet_f2_mb8")).item()
+        assert mx.array_equal(out, rq.rowwise_quantized_matmul(x, *part, 64, bits)).item()
 
 
 # -- the CUDA source compiles (where nvcc is) ----------------------------------------------------
 
-def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> str:
-    """One kernel per (M, MB, R, BITS, GS) in one translation unit, and the octet layout's."""
-    inputs = [("x", ctype), ("w", "uint32_t"), ("scales", ctype), ("biases", ctype)]
-    kernels = [cc.kernel(f"k{j}", rq._SOURCE, inputs, [("out", ctype)],
-                         [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int MB = {mb}",
-                          f"constexpr int R = {r}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"])
-               for j, (m, mb, r, bits, gs) in enumerate(instances)]
-    # every variant at both widths; groups of 32 and three weights for the defaults
-    octets = [(1, v, bits, 64) for v in rq.OCTET_VARIANTS for bits in rq.BITS]
-    octets += [(count, rq.DEFAULT_VARIANTS[bits], bits, gs) for bits in rq.BITS for count, gs in ((1, 32), (3, 64))]
-    for count, variant, bits, gs in octets:
-        f, mb = rq.OCTET_VARIANTS[variant]
+def _compilable(ctype: str) -> str:
+    """The kernel at both widths and group sizes, and three weights in one launch, in one unit."""
+    kernels = []
+    for count, bits, gs in [(1, b, g) for b in rq.BITS for g in rq.GROUP_SIZES] + [(3, b, 64) for b in rq.BITS]:
+        f, mb = rq.GEOMETRY[bits]
         names = [("x", ctype)] + [(f"{a}{i}", "uint32_t" if a == "w" else ctype)
                                   for i in range(count) for a in ("w", "scales", "biases")]
-        kernels.append(cc.kernel(f"{variant}_{count}_{bits}_{gs}", rq._octet_source(count), names,
+        kernels.append(cc.kernel(f"k{count}_{bits}_{gs}", rq._octet_source(count), names,
                                  [(f"out{i}", ctype) for i in range(count)],
                                  [f"using T = {ctype}", "constexpr int M = 16", f"constexpr int MB = {mb}",
                                   f"constexpr int F = {f}", f"constexpr int BITS = {bits}", f"constexpr int GS = {gs}"]))
@@ -147,13 +139,7 @@ def _compilable(ctype: str, instances: list[tuple[int, int, int, int, int]]) -> 
 @needs_nvcc
 @pytest.mark.parametrize("ctype", ["__nv_bfloat16", "__half"])
 def test_every_instantiation_compiles(tmp_path, ctype):
-    from dflash_tui.bench import batch_invariance as bi
-
-    instances = [(16, rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP, bits, gs) for bits in rq.BITS for gs in rq.GROUP_SIZES]
-    # the shapes the bench measures, and rows that are not a multiple of the warp's slice
-    instances += [(16, mb, r, bits, 64) for mb, r in bi.RQ_SPLITS for bits in rq.BITS]
-    instances.append((5, 4, 2, 4, 64))
-    out = cc.nvcc(tmp_path, _compilable(ctype, instances))
+    out = cc.nvcc(tmp_path, _compilable(ctype))
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -168,10 +154,9 @@ def test_bench_part_runs_on_a_tiny_shape(capsys):
     for r in rows:
         assert r["part"] == "rowwise-quant" and not [key for key in r if key.endswith("_error")], r
         # on the CPU every path is MLX's own and row-invariant
-        assert r["qmm_equal_rows"] == r["rowwise_warp_equal_rows"] == r["qmv7_equal_rows"] == bi.ROWS
-        assert all(r[f"{name}_ms"] > 0 and r[f"chain_{name}_ms"] > 0 for name in ("qmm", "rowwise_warp", "qmv16", "qmv7"))
-        assert all(r[f"rowwise_{v}_equal_rows"] == bi.ROWS and r[f"chain_rowwise_{v}_ms"] > 0 for v in rq.OCTET_VARIANTS)
-        assert r["octet_three_one_launch_ms"] > 0 and r["octet_three_separate_ms"] > 0
+        assert r["qmm_equal_rows"] == r["rowwise_equal_rows"] == r["qmv7_equal_rows"] == bi.ROWS
+        assert all(r[f"{name}_ms"] > 0 and r[f"chain_{name}_ms"] > 0 for name in ("qmm", "rowwise", "qmv16", "qmv7"))
+        assert r["three_one_launch_ms"] > 0 and r["three_separate_ms"] > 0
     # each row went to stderr as one JSON line as soon as it was measured
     streamed = [json.loads(line) for line in captured.err.splitlines() if line.startswith("{")]
     assert streamed == rows
@@ -209,12 +194,10 @@ def _replayed(x, part, group_size, bits) -> np.ndarray:
 
 
 @needs_cxx
-@pytest.mark.parametrize("variant,bits,group_size", [
-    ("octet_f2_mb8", 4, 64), ("octet_f2_mb8", 4, 32), ("octet_f2_mb8", 8, 64), ("octet_f2_mb8", 8, 32),
-    ("octet_f4_mb4", 4, 64), ("octet_f1_mb16", 8, 64), ("octet_f2_mb4", 4, 32), ("octet_f1_mb8", 8, 32)])
-def test_octet_kernel_run_on_the_cpu_equals_the_qmv_replay(tmp_path, variant, bits, group_size):
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64), (8, 32)])
+def test_octet_kernel_run_on_the_cpu_equals_the_qmv_replay(tmp_path, bits, group_size):
     x, *part = _order_sensitive(N, K, group_size, bits, ROWS)
-    f, mb, threads, blocks = rq.octet_geometry(ROWS, (N,), bits, variant)
+    f, mb, threads, blocks = rq.octet_geometry(ROWS, (N,), bits)
     got, = _emulate(tmp_path, rq._octet_source(1), _consts(ROWS, mb, "F", f, bits, group_size), x, [part], ["0"],
                     (blocks, -(-ROWS // mb)), threads)
     want = _replayed(x, part, group_size, bits)
@@ -228,23 +211,12 @@ def test_several_weights_in_one_octet_launch_run_on_the_cpu_equal_each_alone(tmp
     weight writes nothing of the next one's."""
     x, *part = _order_sensitive(N, K, 64, bits, ROWS)
     parts = [part, [a[:20] for a in part], [a[20:28] for a in part]]
-    f, mb, threads, blocks = rq.octet_geometry(ROWS, (44, 20, 8), bits, "octet_f2_mb8")
+    f, mb, threads, blocks = rq.octet_geometry(ROWS, (44, 20, 8), bits)
     assert blocks == 6 + 3 + 1
     got = _emulate(tmp_path, rq._octet_source(3), _consts(ROWS, mb, "F", f, bits, 64), x, parts, ["0", "1", "2"],
                    (blocks, -(-ROWS // mb)), threads)
     for out, p in zip(got, parts):
         assert np.array_equal(out, _replayed(x, p, 64, bits))
-
-
-@needs_cxx
-@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32)])
-def test_warp_kernel_run_on_the_cpu_equals_the_qmv_replay(tmp_path, bits, group_size):
-    """The layout measured equal to MLX's qmv on the device: a check of the emulator and the replay."""
-    x, *part = _order_sensitive(N, K, group_size, bits, ROWS)
-    mb, r = rq.ROWS_PER_WARP, rq.FEATURES_PER_WARP
-    got, = _emulate(tmp_path, rq._SOURCE, _consts(ROWS, mb, "R", r, bits, group_size), x, [part], [""],
-                    (-(-N // (rq.WARPS * r)), -(-ROWS // mb)), 32 * rq.WARPS)
-    assert np.array_equal(got, _replayed(x, part, group_size, bits))
 
 
 def test_the_order_sensitive_inputs_tell_orders_apart():

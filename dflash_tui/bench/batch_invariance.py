@@ -133,13 +133,12 @@ def check_quantized_linear(k: int, n: int, dtype: mx.Dtype, bits: int = 4) -> di
             "qmm_ms": _timed(lambda: qmm(x)), "one_row_ms": _timed(lambda: qmm(x[:1]))}
 
 
-RQ_SPLITS = ((8, 1), (4, 2), (2, 4), (8, 2), (4, 4), (2, 8))  # (rows, features) per warp measured
 
 
 def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, group_size: int = 64) -> dict[str, Any]:
     """A quantized linear on 16 rows: MLX's own call (qmm), the row-wise kernel
-    (engine/cuda_rowwise_quant: its warp layout at several splits, every octet variant, and
-    three products of one input in one launch) and MLX's qmv on slices of at most 7 rows, each against 16
+    (engine/cuda_rowwise_quant, alone and as three products of one input in one launch) and
+    MLX's qmv on slices of at most 7 rows, each against 16
     one-row calls (qmv); single-call times, and `chain` calls on distinct weight copies built
     lazily and evaluated once (as a verify's layers are). Each case fails on its own."""
     from dflash_tui.bench import qmv_order
@@ -150,13 +149,13 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     packed = mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits)
     qmm = lambda a, p=packed: mx.quantized_matmul(a, *p, transpose=True, group_size=group_size, bits=bits)
 
-    def rowwise(a: mx.array, p: tuple = packed, **kw: Any) -> mx.array:
-        out = rq.rowwise_quantized_matmul(a, *p, group_size, bits, **kw)
+    def rowwise(a: mx.array, p: tuple = packed) -> mx.array:
+        out = rq.rowwise_quantized_matmul(a, *p, group_size, bits)
         if out is None:
             raise ValueError("MLX's one-row call here is not the qmv the kernel replays")
         return out
 
-    paths = {"qmm": qmm, "rowwise_warp": lambda a, p=packed: rowwise(a, p, variant="warp"),
+    paths = {"qmm": qmm, "rowwise": rowwise,
              "qmv16": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 1], p) for i in range(ROWS)]),
              "qmv7": lambda a, p=packed: mx.concatenate([qmm(a[i : i + 7], p) for i in range(0, ROWS, 7)])}
     row: dict[str, Any] = {"part": "rowwise-quant", "bits": bits, "group_size": group_size, "k": k, "n": n}
@@ -169,11 +168,7 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
 
     one = paths["qmv16"](x)
     mx.eval(one)
-    variants = {f"rowwise_warp_mb{mb}_r{r}":
-                (lambda a, m=mb, f=r: rowwise(a, rows_per_warp=m, features_per_warp=f, variant="warp"))
-                for mb, r in RQ_SPLITS}
-    octets = {f"rowwise_{v}": (lambda a, p=packed, v=v: rowwise(a, p, variant=v)) for v in rq.OCTET_VARIANTS}
-    for name, fn in {**paths, **variants, **octets}.items():
+    for name, fn in paths.items():
         if name != "qmv16":
             case(f"{name}_equal_rows", lambda f=fn: _rows_equal(f(x), one)[0])
             case(f"{name}_max_diff", lambda f=fn: _rows_equal(f(x), one)[1])
@@ -186,12 +181,12 @@ def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, 
     for _ in range(min(chain, int(2e9 // sum(a.nbytes for a in packed))) - 1):
         copies.append(mx.quantize((mx.random.normal((n, k)) * k ** -0.5).astype(dtype), group_size, bits))
         mx.eval(copies[-1])
-    for name, fn in {**paths, **octets}.items():
+    for name, fn in paths.items():
         case(f"chain_{name}_ms", lambda f=fn: _timed(lambda: [f(x, copies[i % len(copies)]) for i in range(chain)], 5))
-    # three products of one input (q, k, v; gate, up): one launch of the octet layout against three
+    # three products of one input (q, k, v; gate, up): one launch against three
     three = copies[:3] if len(copies) >= 3 else [packed] * 3
-    case("octet_three_separate_ms", lambda: _timed(lambda: [rowwise(x, p) for p in three]))
-    case("octet_three_one_launch_ms", lambda: _timed(lambda: rq.rowwise_quantized_matmuls(x, three, group_size, bits)))
+    case("three_separate_ms", lambda: _timed(lambda: [rowwise(x, p) for p in three]))
+    case("three_one_launch_ms", lambda: _timed(lambda: rq.rowwise_quantized_matmuls(x, three, group_size, bits)))
     row["chain_copies"] = len(copies)
     return row
 

@@ -36,14 +36,12 @@ v4.4.2 as MLX fetches it), for one output feature f, one warp:
   the warp, which for float is the xor butterfly out += shfl_xor(out, 16, 8, 4, 2, 1), and lane
   0 stores T(sum) rounded to nearest.
 
-Two layouts keep that order for every (feature, row); neither changes a row's result:
-- the warp layout (measured equal on the device): a warp computes R features for MB rows (the
-  grid's second axis splits M into MB-row slices), lane l being qmv's lane l;
-- the octet layout (`OCTET_VARIANTS`, `rowwise_quantized_matmuls`): qmv's E accumulators of a
-  lane are independent chains, so a thread takes 8 of them (an octet) for F features and MB
-  rows, and the 4 feature groups of a warp read the same x values (one broadcast load); several
-  weights of one input go in one launch. Equal to a NumPy replay of qmv on the CPU (the source
-  run by tests/cuda_emulate.py); its speed against the warp layout is the device's to measure.
+The layout keeps that order for every (feature, row): qmv's E accumulators of a lane are
+independent chains, so a thread takes 8 of them (an octet) for F features and MB rows, and the
+4 feature groups of a warp read the same x values (one broadcast load); several weights of one
+input go in one launch (`rowwise_quantized_matmuls`). Equal to MLX's qmv on the device (the
+CUDA-only tests) and to a NumPy replay of qmv on the CPU (the source run by
+tests/cuda_emulate.py); measured against other layouts in docs/batch-invariance.md.
 """
 
 from __future__ import annotations
@@ -55,18 +53,9 @@ from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
 MAX_ROWS = 16
 GROUP_SIZES = (32, 64)
 BITS = (4, 8)
-ROWS_PER_WARP = 4  # MB; neither it nor the next two change any row's order
-FEATURES_PER_WARP = 2  # R
-WARPS = 4  # per block
-# The octet layout's (features per thread, rows per block), to be measured against the warp
-# layout above (`bench.batch_invariance --parts rowwise-quant`); every one computes the same bits.
-OCTET_VARIANTS: dict[str, tuple[int, int]] = {
-    "octet_f2_mb8": (2, 8), "octet_f4_mb4": (4, 4), "octet_f1_mb16": (1, 16), "octet_f2_mb4": (2, 4),
-    "octet_f1_mb8": (1, 8),
-}
-# Chosen by registers (ptxas, sm_90: 128 and 123 a thread, two and four blocks an SM) and the x
-# bytes a weight byte costs; not measured against the warp layout on a GPU yet.
-DEFAULT_VARIANTS = {4: "octet_f2_mb8", 8: "octet_f2_mb4"}
+# bits -> (F features a thread, MB rows a block): at 4-bit the fastest of five on an H100 (and
+# faster than a warp a feature); at 8-bit chosen by registers (ptxas, sm_90: 123 a thread).
+GEOMETRY = {4: (2, 8), 8: (2, 4)}
 
 _RQ_HEADER = _HEADER + """
 template <bool C, typename A, typename B> struct rq_if { using type = A; };
@@ -164,80 +153,9 @@ __device__ __forceinline__ void rq_dequant_tile(uint2 q, T s, T b, T2 (&wd)[P]) 
 """
 
 # Inputs: x [M, K] (T), w [N, K*BITS/32] (uint32, MLX's packing: value j of a word at bits
-# j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB (rows per warp), R (features per warp),
-# BITS, GS. A warp dequantizes a tile of R features once for its MB rows and loads each x
-# tile once for its R features; every (feature, row) keeps qmv's own chain of operations.
-_SOURCE = """
-  constexpr int E = BITS == 4 ? 16 : 8;  // qmv's elems_per_thread for a 16-bit T
-  constexpr int P = E / 2;
-  constexpr int PER_WORD = 32 / BITS;
-  using T2 = typename rq_pair<T>::type;
-  // 4-bit: E accumulators in T (as pairs); 8-bit: E floats
-  using Acc = typename rq_if<(BITS >= 8), float, T2>::type;
-  constexpr int NA = BITS >= 8 ? E : P;
-  const int K = x_shape[1];
-  const int N = scales_shape[0];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int f0 = (blockIdx.x * (blockDim.x >> 5) + warp) * R;
-  const int m0 = blockIdx.y * MB;
-  if (f0 >= N) return;
-  const uint32_t* wrow[R];
-  const T* srow[R];
-  const T* brow[R];
-#pragma unroll
-  for (int r = 0; r < R; r++) {
-    const size_t fr = f0 + r < N ? f0 + r : N - 1;  // a tail warp reads the last feature again
-    wrow[r] = w + fr * (K / PER_WORD);
-    srow[r] = scales + fr * (K / GS);
-    brow[r] = biases + fr * (K / GS);
-  }
-  Acc acc[R][MB][NA];
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int mm = 0; mm < MB; mm++)
-#pragma unroll
-      for (int a = 0; a < NA; a++) rq_zero(acc[r][mm][a]);
-  for (int idx = lane * E; idx < K; idx += 32 * E) {
-    T2 wd[R][P];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      // E values = 64 bits for both widths
-      const uint2 q = *reinterpret_cast<const uint2*>(wrow[r] + idx / PER_WORD);
-      rq_dequant_tile<BITS>(q, srow[r][idx / GS], brow[r][idx / GS], wd[r]);
-    }
-#pragma unroll
-    for (int mm = 0; mm < MB; mm++) {
-      if (m0 + mm >= M) break;
-      alignas(16) T2 xv[P];
-      const uint4* xp = reinterpret_cast<const uint4*>(x + (size_t)(m0 + mm) * K + idx);
-#pragma unroll
-      for (int v = 0; v < P / 4; v++) reinterpret_cast<uint4*>(xv)[v] = xp[v];
-#pragma unroll
-      for (int r = 0; r < R; r++) rq_fma_tile<P>(acc[r][mm], xv, wd[r]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < R; r++)
-#pragma unroll
-    for (int mm = 0; mm < MB; mm++) {
-      if (m0 + mm >= M) break;
-      const float sum = dflash_warp_sum(rq_lane_sum_from<NA>(0.f, acc[r][mm]));
-      if (lane == 0 && f0 + r < N) out[(size_t)(m0 + mm) * N + f0 + r] = T(sum);
-    }
-"""
-
-
-# The octet layout. qmv's accumulators are independent chains, one per (feature, row, column mod
-# 32E) (lane l's position i is column l*E + i of every tile), each running over the tiles in
-# order; only the end (a lane's E sums in order, then the butterfly) joins them. So a thread here
-# holds the chains of one octet (8 consecutive positions of one qmv lane: half a lane's at 4-bit,
-# all of them at 8-bit) for F features and MB rows: it dequantizes each weight once for MB rows,
-# and the 4 feature groups of a warp (lane / 8) read the same x values, which is one broadcast
-# load. The end goes through shared memory in qmv's order: a lane's second octet goes on from the
-# first's partial sum, and one thread per output adds the 32 lane sums in the butterfly's tree.
-# Template: T, M, MB, F, BITS, GS; the prologue names K, N, bx (the block's feature block), w,
-# scales, biases, out.
+# j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB (rows a block), F (features a
+# thread), BITS, GS. A thread dequantizes its octet of a tile for F features once for its MB
+# rows; every (feature, row) keeps qmv's own chain of operations.
 _OCTET_BODY = """
   constexpr int E = BITS == 4 ? 16 : 8;      // qmv's elems_per_thread for a 16-bit T
   constexpr int H = E / 8;                   // octets (threads) per qmv lane
@@ -330,9 +248,6 @@ def _octet_source(count: int) -> str:
     return "\n".join(lines) + "\n" + _OCTET_BODY
 
 
-_kernel = None
-
-
 def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None, group_size: int,
                 bits: int) -> bool:
     """Whether MLX CUDA's one-row call for these arguments is the qmv replayed here (and the
@@ -347,46 +262,20 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
-                             group_size: int = 64, bits: int = 4, *, rows_per_warp: int = 0,
-                             features_per_warp: int = 0, variant: str | None = None) -> mx.array | None:
+                             group_size: int = 64, bits: int = 4) -> mx.array | None:
     """`x @ dequantize(wq).T` with every row equal to MLX CUDA's one-row call (its qmv) bit for
     bit. Elsewhere than MLX CUDA, MLX's own `quantized_matmul`. On MLX CUDA, None where the
-    one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path.
-    `variant`: an octet layout (OCTET_VARIANTS; by default the width's DEFAULT_VARIANTS) or
-    "warp", the warp layout with its MB and R."""
-    if variant != "warp":
-        outs = rowwise_quantized_matmuls(x, [(wq, scales, biases)], group_size, bits, variant)
-        return None if outs is None else outs[0]
-    k, n = x.shape[-1], wq.shape[0]
-    rows = x.size // k
-    if not on_cuda() or rows == 1:  # one row: MLX's own call is the reference itself
-        return mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=group_size, bits=bits)
-    if not replays_qmv(x, wq, scales, biases, group_size, bits):
-        return None
-    global _kernel
-    if _kernel is None:
-        _kernel = mx.fast.cuda_kernel(name="dflash_rowwise_qmv", input_names=["x", "w", "scales", "biases"],
-                                      output_names=["out"], source=_SOURCE, header=_RQ_HEADER,
-                                      ensure_row_contiguous=True)
-    mb = min(rows_per_warp or ROWS_PER_WARP, rows)
-    r = features_per_warp or FEATURES_PER_WARP
-    out = _kernel(inputs=[x.reshape(rows, k), wq, scales, biases],
-                  template=[("T", x.dtype), ("M", rows), ("MB", mb), ("R", r), ("BITS", bits), ("GS", group_size)],
-                  grid=(-(-n // (WARPS * r)) * 32 * WARPS, -(-rows // mb), 1), threadgroup=(32 * WARPS, 1, 1),
-                  output_shapes=[(rows, n)], output_dtypes=[x.dtype])[0]
-    return out.reshape(*x.shape[:-1], n)
+    one-row call is not the replayed qmv (see `replays_qmv`): the caller keeps its own path."""
+    outs = rowwise_quantized_matmuls(x, [(wq, scales, biases)], group_size, bits)
+    return None if outs is None else outs[0]
 
 
 def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array, mx.array | None]],
-                              group_size: int = 64, bits: int = 4,
-                              variant: str | None = None) -> list[mx.array] | None:
+                              group_size: int = 64, bits: int = 4) -> list[mx.array] | None:
     """`[x @ dequantize(wq).T for (wq, scales, biases) in parts]` (one group size and width), each
-    row as `rowwise_quantized_matmul` computes it, in one launch of the octet layout: products that
+    row as `rowwise_quantized_matmul` computes it, in one launch: products that
     share an input (q, k, v; gate, up) fill the GPU together. Off MLX CUDA, MLX's own calls; None
     where some part's one-row call is not the replayed qmv."""
-    variant = variant or DEFAULT_VARIANTS.get(bits, "octet_f2_mb8")
-    if variant not in OCTET_VARIANTS:
-        raise ValueError(f"rowwise_quantized_matmuls: unknown variant {variant!r} (one of {', '.join(OCTET_VARIANTS)})")
     k = x.shape[-1]
     rows = x.size // k
     if not on_cuda() or rows == 1:
@@ -395,15 +284,15 @@ def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array,
     if not parts or not all(replays_qmv(x, wq, s, b, group_size, bits) for wq, s, b in parts):
         return None
     ns = tuple(wq.shape[0] for wq, _, _ in parts)
-    kernel, launch = _octet_launch(rows, ns, x.dtype, bits, group_size, variant)
+    kernel, launch = _octet_launch(rows, ns, x.dtype, bits, group_size)
     outs = kernel(inputs=[x.reshape(rows, k), *(a for part in parts for a in part)], **launch)
     return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
 
 
-def octet_geometry(rows: int, ns: tuple[int, ...], bits: int, variant: str) -> tuple[int, int, int, int]:
+def octet_geometry(rows: int, ns: tuple[int, ...], bits: int) -> tuple[int, int, int, int]:
     """(features per thread, rows per block, threads per block, blocks along the features) of the
     octet layout for `rows` rows and weights of `ns` features."""
-    f, mb = OCTET_VARIANTS[variant]
+    f, mb = GEOMETRY[bits]
     threads = 16 * (16 if bits == 4 else 8)  # 4 feature groups x (32 E / 8) octets
     return f, min(mb, rows), threads, sum(-(-n // (4 * f)) for n in ns)
 
@@ -412,11 +301,11 @@ _octet_kernels: dict[int, object] = {}
 _octet_launches: dict[tuple, tuple] = {}
 
 
-def _octet_launch(rows: int, ns: tuple[int, ...], dtype: mx.Dtype, bits: int, group_size: int,
-                  variant: str) -> tuple[object, dict]:
+def _octet_launch(rows: int, ns: tuple[int, ...], dtype: mx.Dtype, bits: int,
+                  group_size: int) -> tuple[object, dict]:
     """The octet kernel for len(ns) weights and its launch arguments for one call's shapes (cached:
     a verify makes hundreds of these calls, and the Python time is on the cycle's path)."""
-    key = (rows, ns, dtype, bits, group_size, variant)
+    key = (rows, ns, dtype, bits, group_size)
     if key not in _octet_launches:
         count = len(ns)
         if count not in _octet_kernels:
@@ -425,7 +314,7 @@ def _octet_launch(rows: int, ns: tuple[int, ...], dtype: mx.Dtype, bits: int, gr
                 name=f"dflash_rowwise_qmv_octet{count}", input_names=names,
                 output_names=[f"out{i}" for i in range(count)], source=_octet_source(count), header=_RQ_HEADER,
                 ensure_row_contiguous=True)
-        f, mb, threads, blocks = octet_geometry(rows, ns, bits, variant)
+        f, mb, threads, blocks = octet_geometry(rows, ns, bits)
         launch = dict(template=[("T", dtype), ("M", rows), ("MB", mb), ("F", f), ("BITS", bits), ("GS", group_size)],
                       grid=(blocks * threads, -(-rows // mb), 1), threadgroup=(threads, 1, 1),
                       output_shapes=[(rows, n) for n in ns], output_dtypes=[dtype] * count)
