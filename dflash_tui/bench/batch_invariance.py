@@ -133,8 +133,6 @@ def check_quantized_linear(k: int, n: int, dtype: mx.Dtype, bits: int = 4) -> di
             "qmm_ms": _timed(lambda: qmm(x)), "one_row_ms": _timed(lambda: qmm(x[:1]))}
 
 
-
-
 def check_rowwise_quant(k: int, n: int, dtype: mx.Dtype, bits: int, chain: int, group_size: int = 64) -> dict[str, Any]:
     """A quantized linear on 16 rows: MLX's own call (qmm), the row-wise kernel
     (engine/cuda_rowwise_quant, alone and as three products of one input in one launch) and

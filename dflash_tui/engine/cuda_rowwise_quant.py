@@ -154,8 +154,11 @@ __device__ __forceinline__ void rq_dequant_tile(uint2 q, T s, T b, T2 (&wd)[P]) 
 
 # Inputs: x [M, K] (T), w [N, K*BITS/32] (uint32, MLX's packing: value j of a word at bits
 # j*BITS), scales/biases [N, K/GS] (T). Template: T, M, MB (rows a block), F (features a
-# thread), BITS, GS. A thread dequantizes its octet of a tile for F features once for its MB
-# rows; every (feature, row) keeps qmv's own chain of operations.
+# thread), BITS, GS; the prologue (`_octet_source`) names K, N, bx (the block's feature block),
+# w, scales, biases, out. A thread holds one octet of a qmv lane's chains for F features and MB
+# rows, dequantizing each weight once for its MB rows. The end goes through shared memory in
+# qmv's order: a lane's second octet goes on from the first's partial sum, and one thread per
+# output adds the 32 lane sums in the butterfly's tree.
 _OCTET_BODY = """
   constexpr int E = BITS == 4 ? 16 : 8;      // qmv's elems_per_thread for a 16-bit T
   constexpr int H = E / 8;                   // octets (threads) per qmv lane
