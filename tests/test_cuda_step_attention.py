@@ -64,6 +64,20 @@ def test_kernel_choice_follows_mlx(monkeypatch):
     assert sa.single_query_kernel(4000, 256) == "unfused"
 
 
+@pytest.mark.parametrize("cudnn", ["1", "0"])
+def test_replayed_rows_are_the_rows_no_cudnn_call_takes(monkeypatch, cudnn):
+    """The verify's split (replay the first rows, MLX calls for the rest) counts, without a call a
+    row, exactly the rows whose decode step would not go to cuDNN."""
+    monkeypatch.setenv("MLX_CUDA_USE_CUDNN_SDPA", cudnn)
+    for d in (64, 128, 256):
+        for rows in (1, 2, 7, 16):
+            for keys in range(rows, 300):
+                per_row = [sa.single_query_kernel(keys - rows + i + 1, d) != "cudnn" for i in range(rows)]
+                n = sa.replayed_rows(keys, rows, d)
+                assert per_row == [True] * n + [False] * (rows - n), (d, rows, keys)
+    assert sa.replayed_rows(260, 16, 128) == (11 if cudnn == "1" else 16)  # rows 0..10 have 245..255 keys
+
+
 def _decode_steps(q: mx.array, k_all: mx.array, v_all: mx.array, context: int, scale: float) -> mx.array:
     """16 real decode steps on an mlx-lm KVCache: one query each, over the cache's slice."""
     cache = KVCache()

@@ -266,13 +266,27 @@ def cudnn_decoding() -> bool:
         return True
 
 
+def cudnn_takes(head_dim: int) -> bool:
+    """Whether cuDNN takes one-query calls of this head size from CUDNN_DECODE_FROM_KEYS keys."""
+    return cudnn_decoding() and head_dim <= 128 and head_dim % 8 == 0
+
+
 def single_query_kernel(keys: int, head_dim: int) -> str:
     """The kernel MLX CUDA gives a decode step's one-query call over `keys` cache keys."""
-    if cudnn_decoding() and keys >= CUDNN_DECODE_FROM_KEYS and head_dim <= 128 and head_dim % 8 == 0:
+    if keys >= CUDNN_DECODE_FROM_KEYS and cudnn_takes(head_dim):
         return "cudnn"
     if head_dim not in VECTOR_HEAD_DIMS:
         return "unfused"  # no fused kernel: MLX composes matmuls and a softmax
     return "sdpa_vector_2pass" if keys >= TWO_PASS_FROM_KEYS else "sdpa_vector_1pass"
+
+
+def replayed_rows(keys: int, rows: int, head_dim: int) -> int:
+    """How many of a verify's `rows` queries (the last of `keys` cache positions) a decode step
+    would send to a kernel other than cuDNN: row i has keys - rows + i + 1 keys, so those come
+    first. Counted without a call a row (a verify's host path makes 36 or more a forward)."""
+    if not cudnn_takes(head_dim):
+        return rows
+    return min(rows, max(0, CUDNN_DECODE_FROM_KEYS - (keys - rows + 1)))
 
 
 def _check(q: mx.array, keys: mx.array, values: mx.array) -> None:
@@ -311,31 +325,40 @@ def per_query_attention(q: mx.array, keys: mx.array, values: mx.array, scale: fl
 def step_attention_kernel(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
     """All L rows through the sdpa_vector replay (CUDA only; D in 64/96/128, 16-bit floats):
     row i equals MLX's `sdpa_vector` one-query call over S - L + i + 1 keys."""
-    _, H, L, D = q.shape
-    S = keys.shape[2]
-    two_pass = S >= TWO_PASS_FROM_KEYS
-    part = (H, L, _TWO_PASS_BLOCKS) if two_pass else (1,)
-    first, part_o, part_ms = _kernel(f"dflash_step_attention{'_2p' if two_pass else ''}", ["q", "k", "v"],
-                                     ["out", "part_o", "part_ms"], _PASS1_SOURCE)(
-        inputs=[q, keys, values],
-        template=[("T", q.dtype), ("D", D), ("TWO_PASS", two_pass),
-                  ("SCALE_1PASS_BITS", _f32_bits(one_pass_scale(scale))),
-                  ("SCALE_2PASS_BITS", _f32_bits(two_pass_scale(scale)))],
-        grid=(H * L * (8 if two_pass else 1) * 1024, 1, 1),
-        threadgroup=(1024, 1, 1),
-        output_shapes=[q.shape, part + (D,) if two_pass else part, part + (2,) if two_pass else part],
-        output_dtypes=[q.dtype, mx.float32, mx.float32],
-    )
+    two_pass = keys.shape[2] >= TWO_PASS_FROM_KEYS
+    first_pass, combine = _step_launches(tuple(q.shape), q.dtype, two_pass, scale)
+    first, part_o, part_ms = first_pass[0](inputs=[q, keys, values], **first_pass[1])
     if not two_pass:
         return first
-    return _kernel("dflash_step_attention_combine", ["first", "k", "part_o", "part_ms"], ["out"], _PASS2_SOURCE)(
-        inputs=[first, keys, part_o, part_ms],
-        template=[("T", q.dtype), ("D", D)],
-        grid=(H * L * 1024, 1, 1),
-        threadgroup=(1024, 1, 1),
-        output_shapes=[q.shape],
-        output_dtypes=[q.dtype],
-    )[0]
+    return combine[0](inputs=[first, keys, part_o, part_ms], **combine[1])[0]
+
+
+_launches: dict[tuple, tuple] = {}
+
+
+def _step_launches(shape: tuple[int, ...], dtype: mx.Dtype, two_pass: bool, scale: float) -> tuple:
+    """((first pass kernel, its launch arguments), (combine kernel, its arguments) or None), cached:
+    a verify makes one call a layer, and the Python time is on the cycle's path."""
+    key = (shape, dtype, two_pass, scale)
+    if key not in _launches:
+        _, H, L, D = shape
+        part = (H, L, _TWO_PASS_BLOCKS) if two_pass else (1,)
+        first = (_kernel(f"dflash_step_attention{'_2p' if two_pass else ''}", ["q", "k", "v"],
+                         ["out", "part_o", "part_ms"], _PASS1_SOURCE),
+                 dict(template=[("T", dtype), ("D", D), ("TWO_PASS", two_pass),
+                                ("SCALE_1PASS_BITS", _f32_bits(one_pass_scale(scale))),
+                                ("SCALE_2PASS_BITS", _f32_bits(two_pass_scale(scale)))],
+                      grid=(H * L * (8 if two_pass else 1) * 1024, 1, 1), threadgroup=(1024, 1, 1),
+                      output_shapes=[shape, part + (D,) if two_pass else part, part + (2,) if two_pass else part],
+                      output_dtypes=[dtype, mx.float32, mx.float32]))
+        combine = None
+        if two_pass:
+            combine = (_kernel("dflash_step_attention_combine", ["first", "k", "part_o", "part_ms"], ["out"],
+                               _PASS2_SOURCE),
+                       dict(template=[("T", dtype), ("D", D)], grid=(H * L * 1024, 1, 1), threadgroup=(1024, 1, 1),
+                            output_shapes=[shape], output_dtypes=[dtype]))
+        _launches[key] = first, combine
+    return _launches[key]
 
 
 def step_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
@@ -347,11 +370,10 @@ def step_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) 
     if not on_cuda() or D not in VECTOR_HEAD_DIMS or q.dtype not in (mx.bfloat16, mx.float16):
         return per_query_attention(q, keys, values, scale)
     # rows whose one-query call goes to cuDNN (closed order) are MLX calls, the rest the replay
-    exact = [i for i in range(L) if single_query_kernel(S - L + i + 1, D) != "cudnn"]
-    if len(exact) == L:
+    n = replayed_rows(S, L, D)
+    if n == L:
         return step_attention_kernel(q, keys, values, scale)
-    if not exact:
+    if n == 0:
         return per_query_attention(q, keys, values, scale)
-    n = len(exact)  # rows are in order of key length: the first n replayed, the rest MLX calls
     head = step_attention_kernel(q[:, :, :n], keys[:, :, : S - L + n], values[:, :, : S - L + n], scale)
     return mx.concatenate([head, per_query_attention(q, keys, values, scale, range(n, L))], axis=2)
