@@ -1,5 +1,5 @@
 """The row-wise matmul (engine/cuda_rowwise.py) on this machine: its kernel source compiles for
-every variant, its wrapper's shapes and checks, and off CUDA it is MLX's own `x @ w.T`.
+every geometry it launches, its wrapper's shapes and checks, and off CUDA it is MLX's own `x @ w.T`.
 
 Its CUDA source also runs on the CPU (tests/cuda_emulate.py) against a NumPy replay of MLX's
 gemv order, on inputs where that order shows. Bit-equality with MLX CUDA's own gemv can only be
@@ -22,22 +22,22 @@ from dflash_tui.engine import cuda_rowwise as cr
 
 
 def _kernels_source(ctype: str, m: int, npt: int) -> str:
-    """Every variant's kernel, for one weight and for the products that share their input, in one
-    translation unit."""
-    kernels = [cc.kernel(f"rowwise{count}_{name}", cr._source(count),
+    """The kernel of one weight and of the products that share their input, each at the geometry
+    it launches with, in one translation unit."""
+    kernels = [cc.kernel(f"rowwise{count}_{v.name()}", cr._source(count),
                          [("x", ctype)] + [(f"w{i}", ctype) for i in range(count)],
                          [(f"out{i}", ctype) for i in range(count)],
                          [f"using T = {ctype}", f"constexpr int M = {m}", f"constexpr int NPT = {npt}",
                           f"constexpr int F = {v.features}", f"constexpr int FS = {v.feature_sets}",
                           f"constexpr int S = {cr.STEPS}", f"constexpr int NST = {cr.STAGES}",
                           f"constexpr int MB = {cr.block_rows(m, v)}"])
-               for name, v in cr.VARIANTS.items() for count in (1, 2, 3)]
+               for count in (1, 2, 3) for v in [cr.geometry(count)]]
     return cc.translation_unit(ck._HEADER + cr._ROWWISE_HEADER, kernels)
 
 
 @needs_nvcc
 @pytest.mark.parametrize("ctype,m,npt", [("__nv_bfloat16", 16, 4), ("__half", 7, 2), ("float", 2, 1)])
-def test_every_variant_compiles(tmp_path, ctype, m, npt):
+def test_every_launched_kernel_compiles(tmp_path, ctype, m, npt):
     out = cc.nvcc(tmp_path, _kernels_source(ctype, m, npt))
     assert out.returncode == 0, out.stderr[-2000:]
 
@@ -46,20 +46,30 @@ def test_n_per_thread_is_mlx_gemv_rule():
     assert [cr.n_per_thread(k) for k in (2560, 9728, 17408, 2880, 1000, 1001)] == [4, 4, 4, 2, 1, 1]
 
 
-def test_every_variant_fits_a_block():
-    for name, v in cr.VARIANTS.items():
-        assert v.features in (1, 2, 4) and 128 * v.feature_sets <= 1024, name
-        assert v.features * v.rows <= 128, name  # sums per thread the fold takes
+def test_every_geometry_fits_a_block():
+    for count in (1, 2, 3, 4):
+        v = cr.geometry(count)
+        assert v.features in (1, 2, 4) and 128 * v.feature_sets <= 1024, v
+        assert v.features * v.rows <= 128, v  # sums per thread the fold takes
         for m in (2, 7, cr.MAX_ROWS):
             for k, itemsize in ((9728, 2), (2880, 2), (1001, 2), (4096, 4)):
-                assert cr.shared_bytes(m, k, itemsize, v) <= 227 * 1024, (name, m, k)
-    assert cr.DEFAULT_VARIANT in cr.VARIANTS
+                assert cr.shared_bytes(m, k, itemsize, v) <= 227 * 1024, (v, m, k)
+
+
+def test_geometry_follows_the_measured_rule():
+    # q, k, v in one launch: one feature set a block; a single product or gate/up: two
+    assert cr.geometry(3) == cr.Geometry(4, 1, 16)
+    assert cr.geometry(1) == cr.geometry(2) == cr.Geometry(4, 2, 16)
+    _, launch = cr._launch_arguments(16, 2560, (2560,), mx.bfloat16)
+    assert launch["threadgroup"] == (256, 1, 1) and launch["grid"] == (80 * 256, 1, 1)  # 32 features a block
+    _, launch = cr._launch_arguments(16, 2560, (4096, 1024, 1024), mx.bfloat16)
+    assert launch["threadgroup"] == (128, 1, 1) and launch["grid"] == ((256 + 64 + 64) * 128, 1, 1)
 
 
 def test_block_rows_never_exceed_the_rows():
-    v = cr.VARIANTS[cr.DEFAULT_VARIANT]
+    v = cr.geometry(1)
     assert [cr.block_rows(m, v) for m in (2, 7, 16)] == [2, 7, 16]
-    assert cr.block_rows(16, cr.Variant(2, 2, 8)) == 8
+    assert cr.block_rows(16, cr.Geometry(2, 2, 8)) == 8
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16, mx.float32])
@@ -71,8 +81,6 @@ def test_off_cuda_it_is_mlx_own_product(dtype, lead):
     out = cr.rowwise_matmul(x, w)
     assert out.shape == (*lead, 40) and out.dtype == dtype
     assert mx.array_equal(out, x @ w.T)
-    for variant in cr.VARIANTS:
-        assert mx.array_equal(cr.rowwise_matmul(x, w, variant), out)
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float32])
@@ -92,33 +100,36 @@ def test_bad_arguments_are_one_clear_error():
         cr.rowwise_matmul(x, mx.zeros((6, 9)))
     with pytest.raises(ValueError, match="not \\[..., K\\]"):
         cr.rowwise_matmul(x, mx.zeros((8,)))
-    with pytest.raises(ValueError, match="unknown variant 'r3'"):
-        cr.rowwise_matmul(x, w, "r3")
+    with pytest.raises(ValueError, match="w \\(6, 9\\)"):
+        cr.rowwise_matmuls(x, [w, mx.zeros((6, 9))])
 
 
 def test_rowwise_bench_runs_on_the_tiny_shape(capsys):
     from dflash_tui.bench import rowwise
 
-    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2", "--variants", "f4fs1mb16"]) == 0
+    assert rowwise.main(["--shape", "tiny", "--reps", "2", "--layers", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     rows = report["rows"]
     shapes = {(r["k"], r["n"]) for r in rows if r["part"] == "rowwise"}
     assert {(64, 64), (64, 32), (64, 128), (128, 64), (64, 384), (64, 256), (96, 40), (33, 20)} == shapes  # 256: gate+up
     for r in rows:
         assert "error" not in r, r
-        if r["part"] == "rowwise" and r["variant"] != "mlx":
+        if r["part"] == "rowwise" and r["kernel"] != "mlx":
             assert r["equal_rows"] == rowwise.ROWS and r["ms"] > 0  # off CUDA: MLX's own rows equal its one-row ones
-    assert {r["variant"] for r in rows if r["part"] == "rowwise"} == {"mlx", "f4fs1mb16"}
+    assert {r["kernel"] for r in rows if r["part"] == "rowwise"} == {"mlx", "rowwise"}
     assert all(r["equal_rows_of_2"] == 2 and r["equal_rows_of_7"] == 7
                for r in rows if r["part"] == "rowwise" and r["matmul"] == "q" and r["dtype"] == "bfloat16"
-               and r["variant"] != "mlx")
+               and r["kernel"] != "mlx")
+    per_shape = report["summary"]["per_shape"]
+    assert len(per_shape) == 2 * 6 + 2  # both dtypes' own shapes, the extra ones in the first only
+    assert all(e["rowwise_ms"] > 0 and e["gemm_ms"] > 0 for e in per_shape.values())
     chains = report["summary"]["chain_ms"]
     assert set(chains) == {"bfloat16", "float16"}
-    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "auto", "f4fs1mb16",
+    assert set(chains["bfloat16"]) == {"gemm", "gemm_weights_first", "one_row", "one_row_x16", "rowwise",
                                        "fused_rowwise", "fused_gemm", "several_weights"}
     chain_rows = [r for r in rows if r["part"] == "rowwise chain"]
     assert all(r["matmuls"] == (2 * 4 + 1 if r["mode"].startswith(("fused", "several")) else 2 * 7 + 1) for r in chain_rows)
-    assert report["summary"]["inexact_variants"] == []
+    assert report["summary"]["inexact"] == []
     several = [r for r in rows if r["part"] == "rowwise several"]
     assert [r["matmuls"] for r in several] == ["q+k+v", "gate+up", "q+k+v", "gate+up"]  # both dtypes
     assert all(r["equal_rows"] == [rowwise.ROWS] * len(r["equal_rows"]) for r in several)
@@ -138,7 +149,7 @@ def test_batch_invariance_has_the_rowwise_part(capsys):
     assert bi.main(["--shape", "tiny", "--parts", "rowwise"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {r["part"] for r in rows} == {"rowwise", "rowwise several", "rowwise chain"}
-    assert all(r["equal_rows"] == bi.ROWS for r in rows if r["part"] == "rowwise" and r["variant"] != "mlx")
+    assert all(r["equal_rows"] == bi.ROWS for r in rows if r["part"] == "rowwise" and r["kernel"] != "mlx")
 
 
 # -- the CUDA source run on the CPU (tests/cuda_emulate.py) ---------------------------------------
@@ -187,10 +198,9 @@ def test_kernel_run_on_the_cpu_equals_the_gemv_replay(tmp_path, k):
     x, w = _order_sensitive(sum(ns), k, rows)
     ws = [w[:44], w[44:64], w[64:]]
     want = [_gemv_replay(x, part) for part in ws]
-    name = cr.DEFAULT_VARIANT
-    v = cr.VARIANTS[name]
-    for count in (1, 3):
-        _, launch = cr._launch_arguments(rows, k, ns[:count], mx.bfloat16, name)
+    for count in (1, 2, 3):  # both geometries: two feature sets below three weights, one at three
+        v = cr.geometry(count)
+        _, launch = cr._launch_arguments(rows, k, ns[:count], mx.bfloat16)
         threads = launch["threadgroup"][0]
         consts = ["using T = __nv_bfloat16" if c == "T" else f"constexpr int {c} = {val}"
                   for c, val in launch["template"]]

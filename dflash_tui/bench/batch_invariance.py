@@ -9,7 +9,7 @@ rows equal the decode steps' bit for bit, part by part and for the whole model:
 - `linear`: one weight matrix, `x @ W.T` on 16 rows (MLX's gemm) and the row-wise kernel
   (engine/cuda_rowwise.py: each row reduced in the order of MLX CUDA's gemv), each against
   the 16 one-row products (MLX's gemv);
-- `rowwise`: the row-wise kernel's variants, shape by shape and in a verify-long chain
+- `rowwise`: the row-wise kernel, shape by shape and in a verify-long chain
   (bench/rowwise.py);
 - `attention`: 16 queries over a KV cache grown as decoding grows it, MLX's multi-query
   attention and per-query calls on the cache's own slices, against the decode steps;
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rowwise" in args.parts:
         from dflash_tui.bench import rowwise
 
-        rows += rowwise.run(args.shape, [dtype], list(rowwise.cr.VARIANTS))
+        rows += rowwise.run(args.shape, [dtype])
     if "rowwise-quant" in args.parts:
         for bits in (4, 8):
             for k, n in ((d["hidden"], d["heads"] * d["head_dim"]), (d["hidden"], d["kv_heads"] * d["head_dim"]),

@@ -1,14 +1,17 @@
-"""Benchmark (not a test): the row-wise matmul's variants against MLX's gemm and its one-row gemv.
+"""Benchmark (not a test): the row-wise matmul against MLX's gemm and its one-row gemv.
 
 For each weight shape of a target (and a few other models' shapes: other K, K not a multiple
-of 128) and each variant of `engine.cuda_rowwise`, it prints how many of 16 rows equal the
-16 one-row products `x[i:i+1] @ w.T` bit for bit (also for 2 and 7 rows on one shape), and
-the time of one call (median of 20, each synced). Then a *chain*: a verify's matmuls (every
+of 128), it prints how many of 16 rows of `engine.cuda_rowwise` equal the 16 one-row products
+`x[i:i+1] @ w.T` bit for bit (also for 2 and 7 rows on one shape), and the time of one call
+(median of 20, each synced) beside MLX's gemm. Then a *chain*: a verify's matmuls (every
 layer's q, k, v, o, gate, up, down with its own weights, then the head) built lazily and
-evaluated at once, per variant, beside MLX's gemm chain and 16 one-row products per matmul.
+evaluated at once, beside MLX's gemm chain and 16 one-row products per matmul. The chain's
+products are independent, so the GPU may overlap them where a forward's wait on each other:
+compare a kernel's shapes by each call's own device time (Nsight Compute) or whole forwards
+(`cycle_profile`), not by chains.
 
-Each result is one JSON line on stderr as soon as it is measured; the whole report, with the
-fastest fully-equal variant per shape and for the chain, is JSON on stdout.
+Each result is one JSON line on stderr as soon as it is measured; the whole report, with each
+shape's times and the rows that were not equal, is JSON on stdout.
 
     python -m dflash_tui.bench.rowwise --shape qwen3-4b
     python -m dflash_tui.bench.rowwise --shape tiny     # CPU smoke run (MLX's own product)
@@ -93,8 +96,7 @@ def one_row_products(x: mx.array, w: mx.array) -> mx.array:
     return mx.concatenate([x[i : i + 1] @ w.T for i in range(x.shape[0])], axis=0)
 
 
-def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants: list[str], reps: int,
-                few_rows: bool) -> None:
+def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, reps: int, few_rows: bool) -> None:
     base = {"part": "rowwise", "dtype": str(dtype).split(".")[-1], "matmul": name, "k": k, "n": n,
             "npt": cr.n_per_thread(k)}
     try:
@@ -104,25 +106,25 @@ def check_shape(rows: list, name: str, k: int, n: int, dtype: mx.Dtype, variants
     except Exception as e:  # noqa: BLE001
         _emit(rows, {**base, "error": f"{type(e).__name__}: {e}"[:400]})
         return
-    _guarded(rows, {**base, "variant": "mlx"}, lambda: {
+    _guarded(rows, {**base, "kernel": "mlx"}, lambda: {
         "gemm_equal_rows": equal_rows(x @ w.T, one), "gemm_ms": call_ms(lambda: x @ w.T, reps),
         "one_row_ms": call_ms(lambda: x[:1] @ w.T, reps)})
-    for v in variants:
-        def measure(v: str = v) -> dict[str, Any]:
-            tic = time.perf_counter()
-            out = cr.rowwise_matmul(x, w, v)
-            mx.eval(out)
-            row = {"equal_rows": equal_rows(out, one), "first_call_s": round(time.perf_counter() - tic, 3)}
-            if few_rows:
-                for m in (2, 7):
-                    row[f"equal_rows_of_{m}"] = equal_rows(cr.rowwise_matmul(x[:m], w, v), one[:m])
-            row["ms"] = call_ms(lambda: cr.rowwise_matmul(x, w, v), reps)
-            return row
 
-        _guarded(rows, {**base, "variant": v}, measure)
+    def measure() -> dict[str, Any]:
+        tic = time.perf_counter()
+        out = cr.rowwise_matmul(x, w)
+        mx.eval(out)
+        row = {"equal_rows": equal_rows(out, one), "first_call_s": round(time.perf_counter() - tic, 3)}
+        if few_rows:
+            for m in (2, 7):
+                row[f"equal_rows_of_{m}"] = equal_rows(cr.rowwise_matmul(x[:m], w), one[:m])
+        row["ms"] = call_ms(lambda: cr.rowwise_matmul(x, w), reps)
+        return row
+
+    _guarded(rows, {**base, "kernel": "rowwise"}, measure)
 
 
-def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, variants: list[str], reps: int) -> None:
+def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, reps: int) -> None:
     """A verify's matmuls (layers x 7 + head, each with its own weights) in one lazy graph, also with
     the products that share an input as one (q, k, v; gate, up)."""
     shapes = layer_shapes(spec)
@@ -141,10 +143,8 @@ def chain(rows: list, spec: dict[str, Any], layers: int, dtype: mx.Dtype, varian
         "gemm_weights_first": lambda x, w: (w @ x.T).T,  # the same product as N x 16: another cuBLAS algorithm
         "one_row": lambda x, w: x[:1] @ w.T,  # a decode step's matmuls: what the weights' reading costs
         "one_row_x16": lambda x, w: [x[i : i + 1] @ w.T for i in range(ROWS)],
-        "auto": lambda x, w: cr.rowwise_matmul(x, w),
+        "rowwise": lambda x, w: cr.rowwise_matmul(x, w),
     }
-    for v in variants:
-        modes[v] = lambda x, w, v=v: cr.rowwise_matmul(x, w, v)
     base = {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "layers": layers, "matmuls": len(weights),
             "weight_gb": round(gb, 2)}
     for mode, fn in modes.items():
@@ -197,32 +197,31 @@ def check_several(rows: list, spec: dict[str, Any], dtype: mx.Dtype) -> None:
         _guarded(rows, base, measure)
 
 
+def _exact(r: dict[str, Any]) -> bool:
+    return r.get("equal_rows") == ROWS and all(r.get(f"equal_rows_of_{m}", m) == m for m in (2, 7))
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per shape and for the chain: the fastest variant whose rows all equal the one-row products."""
-    exact = {(r["dtype"], r["k"], r["n"], r["variant"]) for r in rows if r.get("part") == "rowwise"
-             and r.get("equal_rows") == ROWS and all(r.get(f"equal_rows_of_{m}", m) == m for m in (2, 7))}
-    best: dict[str, Any] = {}
+    """Per shape the row-wise kernel's time beside MLX's gemm; the chains; the shapes whose rows
+    were not all equal to the one-row products."""
+    per_shape: dict[str, Any] = {}
     for r in rows:
-        if r.get("part") == "rowwise" and (r["dtype"], r["k"], r["n"], r.get("variant")) in exact:
-            key = f'{r["dtype"]} {r["matmul"]} {r["k"]}->{r["n"]}'
-            if key not in best or r["ms"] < best[key]["ms"]:
-                best[key] = {"variant": r["variant"], "ms": round(r["ms"], 4)}
-    mlx = {f'{r["dtype"]} {r["matmul"]} {r["k"]}->{r["n"]}': r for r in rows
-           if r.get("part") == "rowwise" and r.get("variant") == "mlx" and "gemm_ms" in r}
-    for key, b in best.items():
-        if key in mlx:
-            b["gemm_ms"] = round(mlx[key]["gemm_ms"], 4)
-    chains = {}
+        if r.get("part") == "rowwise" and "error" not in r:
+            entry = per_shape.setdefault(f'{r["dtype"]} {r["matmul"]} {r["k"]}->{r["n"]}', {})
+            if r["kernel"] == "mlx":
+                entry["gemm_ms"] = round(r["gemm_ms"], 4)
+            else:
+                entry["rowwise_ms"] = round(r["ms"], 4)
+    chains: dict[str, Any] = {}
     for r in rows:
         if r.get("part") == "rowwise chain" and "ms" in r:
             chains.setdefault(r["dtype"], {})[r["mode"]] = round(r["ms"], 3)
-    return {"fastest_exact_per_shape": best, "chain_ms": chains,
-            "inexact_variants": sorted({f'{r["dtype"]} {r["k"]}->{r["n"]} {r["variant"]}' for r in rows
-                                        if r.get("part") == "rowwise" and r.get("variant") not in (None, "mlx")
-                                        and (r["dtype"], r["k"], r["n"], r["variant"]) not in exact})}
+    return {"per_shape": per_shape, "chain_ms": chains,
+            "inexact": sorted({f'{r["dtype"]} {r["k"]}->{r["n"]}' for r in rows
+                               if r.get("part") == "rowwise" and r.get("kernel") == "rowwise" and not _exact(r)})}
 
 
-def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | None = None, reps: int = 20,
+def run(shape: str, dtypes: list[mx.Dtype], layers: int | None = None, reps: int = 20,
         chain_reps: int = 3, extra: bool = True) -> list[dict[str, Any]]:
     spec = SHAPES[shape]
     rows: list[dict[str, Any]] = []
@@ -232,17 +231,17 @@ def run(shape: str, dtypes: list[mx.Dtype], variants: list[str], layers: int | N
         for name, k, n in shapes + fused_shapes(spec):
             if (k, n) not in seen:
                 seen.add((k, n))
-                check_shape(rows, name, k, n, dtype, variants, reps, few_rows=(di == 0 and name == "q"))
+                check_shape(rows, name, k, n, dtype, reps, few_rows=(di == 0 and name == "q"))
         check_several(rows, spec, dtype)
         n_layers = layers or spec["dims"]["layers"]
         try:
-            chain(rows, spec, n_layers, dtype, variants, chain_reps)
+            chain(rows, spec, n_layers, dtype, chain_reps)
         except Exception as e:  # noqa: BLE001 - e.g. the weights do not fit: the shape rows stand
             _emit(rows, {"part": "rowwise chain", "dtype": str(dtype).split(".")[-1], "mode": "setup",
                          "error": f"{type(e).__name__}: {e}"[:400]})
         if di == 0 and extra:  # other K only in the first dtype (fewer compiles), after its chain
             for k, n in EXTRA.get(shape, EXTRA[""]):
-                check_shape(rows, "extra", k, n, dtype, variants, reps, few_rows=False)
+                check_shape(rows, "extra", k, n, dtype, reps, few_rows=False)
     return rows
 
 
@@ -251,13 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=[s for s in SHAPES if SHAPES[s]["kind"] == "qwen3" and "bits" not in SHAPES[s]],
                    default="tiny")
     p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"], default=["bfloat16", "float16"])
-    p.add_argument("--variants", nargs="+", choices=list(cr.VARIANTS), default=list(cr.VARIANTS))
     p.add_argument("--layers", type=int, help="layers in the chain (default: the shape's)")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--chain-reps", type=int, default=3, help="timed evaluations of each chain (median)")
     p.add_argument("--no-extra", action="store_true", help="only the shape's own matmuls")
     args = p.parse_args(argv)
-    rows = run(args.shape, [getattr(mx, d) for d in args.dtypes], args.variants, args.layers, args.reps,
+    rows = run(args.shape, [getattr(mx, d) for d in args.dtypes], args.layers, args.reps,
                chain_reps=args.chain_reps, extra=not args.no_extra)
     info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "mlx": mx.__version__}
     print(json.dumps({"info": info, "summary": summary(rows), "rows": rows}, indent=2))

@@ -24,9 +24,9 @@ The kernel below keeps exactly that per-(row, feature) order and makes M rows ch
   and adds its partner's copy of them: the same two operands at every node, fewer shuffles).
 
 `rowwise_matmuls(x, ws)` computes several products of one input in one launch (a verify's q, k, v
-and gate, up), each block exactly as in the one-weight kernel. `variant` names (F, FS, MB);
-`python -m dflash_tui.bench.rowwise` measures them. Off CUDA (and
-where the kernel does not apply) the result is MLX's own `x @ w.T`.
+and gate, up), each block exactly as in the one-weight kernel. How a launch spreads the work
+(`geometry`) changes its speed, never its bits; `python -m dflash_tui.bench.rowwise` checks the
+rows and times it. Off CUDA (and where the kernel does not apply) the result is MLX's own `x @ w.T`.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ _ROWWISE_BODY = """
   constexpr int WPER = (WC + NTH - 1) / NTH, XPER = (XC + NTH - 1) / NTH;
   constexpr int V = F * MB;                    // sums per thread
   constexpr int P = V <= 1 ? 1 : V <= 2 ? 2 : V <= 4 ? 4 : V <= 8 ? 8 : V <= 16 ? 16 : V <= 32 ? 32 : V <= 64 ? 64 : 128;
-  static_assert((F == 1 || F == 2 || F == 4) && NST >= 2 && V <= 128, "rowwise variant");
+  static_assert((F == 1 || F == 2 || F == 4) && NST >= 2 && V <= 128, "rowwise geometry");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // A gemv warp's 32 lanes are 32 independent chains: chain c here is gemv's lane c. Warp w holds
   // chains 8*(w%4) .. +7 for 4 groups of F features (lane / 8), so the lanes that read one x value
@@ -276,8 +276,8 @@ def _source(count: int) -> str:
 
 
 @dataclass(frozen=True)
-class Variant:
-    """How the kernel spreads the work; every variant computes the same bits."""
+class Geometry:
+    """How the kernel spreads the work; every geometry computes the same bits."""
 
     features: int  # F: output features per thread (1, 2 or 4)
     feature_sets: int  # FS: a block is 4 * FS warps and computes 4 * F * FS features
@@ -286,20 +286,27 @@ class Variant:
     def features_per_block(self) -> int:
         return 4 * self.features * self.feature_sets
 
+    def name(self) -> str:
+        return f"f{self.features}fs{self.feature_sets}mb{self.rows}"
+
 
 # One tile is one step (32*NPT columns); four tiles are in flight. Measured beside them (H100, the
 # chain of a Qwen3-4B verify's matmuls, docs/batch-invariance.md): two-step tiles with three in
 # flight 8.8 ms, six one-step tiles in flight 8.7 ms, against 8.05 ms.
 STEPS, STAGES = 1, 4
-# The fastest inside MLX over a verify's matmuls (H100, Qwen3-4B chain, docs/batch-invariance.md:
-# 10.6 ms against 12.9 for F4 FS2 MB16, the default before, and 10.2 for MLX's gemm in that run).
-# Measured beside it and deleted: F4 FS2, and blocks whose MB rows go to 2 or 4 groups of threads
-# of 8 or 4 rows each (F4 and F2, FS 1 and 2; fewer registers, more blocks an SM: 11.3-16.3 ms,
-# though three of them won a shape alone); earlier, F2 FS2 MB8 and eight others outside MLX.
-VARIANTS: dict[str, Variant] = {
-    "f4fs1mb16": Variant(4, 1, 16),
-}
-DEFAULT_VARIANT = "f4fs1mb16"
+# Each kernel's own device time (Nsight Compute, H100, the products of a Qwen3-4B verify,
+# docs/batch-invariance.md): two feature sets a block (32 features, so each input tile a block
+# copies serves twice the features) are 11-13% under one on o, gate/up and down and 7% on the
+# head, though they make half the blocks; the launch of three weights (q, k, v) is the exception,
+# 26.9 us with one feature set against 30.2 with two. Also measured on q/k/v, o and gate/up, and
+# slower there than these: MB 8 and 4, F 2 and 1.
+THREE_WEIGHTS = Geometry(4, 1, 16)
+FEWER_WEIGHTS = Geometry(4, 2, 16)
+
+
+def geometry(weights: int) -> Geometry:
+    """The geometry of a launch that computes `weights` products of one input."""
+    return THREE_WEIGHTS if weights >= 3 else FEWER_WEIGHTS
 
 
 def n_per_thread(k: int) -> int:
@@ -307,26 +314,34 @@ def n_per_thread(k: int) -> int:
     return 4 if k % 128 == 0 else 2 if k % 64 == 0 else 1
 
 
-def block_rows(m: int, variant: Variant) -> int:
-    """Input rows per block for M rows: the variant's, or M where that is fewer."""
-    return min(variant.rows, m)
+def block_rows(m: int, geo: Geometry) -> int:
+    """Input rows per block for M rows: the geometry's, or M where that is fewer."""
+    return min(geo.rows, m)
 
 
-def shared_bytes(m: int, k: int, itemsize: int, variant: Variant) -> int:
+def shared_bytes(m: int, k: int, itemsize: int, geo: Geometry) -> int:
     """Dynamic shared memory: the ring of weight and input tiles and two float input tiles, or
     the cross-warp reduction, whichever is larger."""
     tk = 32 * n_per_thread(k) * STEPS
-    mb = block_rows(m, variant)
-    pitch = tk + (64 // variant.features) // itemsize
-    ring = STAGES * (variant.features_per_block() * pitch + mb * tk) * itemsize + 2 * mb * tk * 4
-    return max(ring, 3 * variant.features * mb * variant.feature_sets * 32 * 4)
+    mb = block_rows(m, geo)
+    pitch = tk + (64 // geo.features) // itemsize
+    ring = STAGES * (geo.features_per_block() * pitch + mb * tk) * itemsize + 2 * mb * tk * 4
+    return max(ring, 3 * geo.features * mb * geo.feature_sets * 32 * 4)
+
+
+_DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
 
 def applies(x: mx.array, w: mx.array) -> bool:
     """Whether the kernel computes this product (else rowwise_matmul gives MLX's own x @ w.T)."""
+    return _applies(x, [w])
+
+
+def _applies(x: mx.array, ws: list[mx.array]) -> bool:
     rows = x.size // x.shape[-1] if x.ndim else 0
-    return (on_cuda() and 1 < rows <= MAX_ROWS and x.dtype == w.dtype
-            and x.dtype in (mx.bfloat16, mx.float16, mx.float32))
+    dtype = x.dtype
+    return (1 < rows <= MAX_ROWS and dtype in _DTYPES and all(w.dtype == dtype for w in ws)
+            and on_cuda())
 
 
 _kernels: dict[tuple[str, int, int], object] = {}
@@ -343,27 +358,25 @@ def _kernel(name: str, smem: int, weights: int):
     return _kernels[key]
 
 
-def rowwise_matmul(x: mx.array, w: mx.array, variant: str | None = None) -> mx.array:
+def rowwise_matmul(x: mx.array, w: mx.array) -> mx.array:
     """`x @ w.T` for x [..., K] and w [N, K], each of x's 2..16 rows computed as MLX CUDA
     computes a one-row product (its gemv), bit for bit. `w` must be row-contiguous (as loaded
     weights are): that is the layout for which MLX's one-row product is a gemv."""
-    return rowwise_matmuls(x, [w], variant)[0]
+    return rowwise_matmuls(x, [w])[0]
 
 
-def rowwise_matmuls(x: mx.array, ws: list[mx.array], variant: str | None = None) -> list[mx.array]:
+def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     """`[x @ w.T for w in ws]` as `rowwise_matmul` computes each, in one launch: products that share
     an input (q, k, v; gate, up) fill the GPU together where each alone would leave it idle."""
     for w in ws:
         if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
             raise ValueError(f"rowwise_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [..., K] and [N, K]")
-    if variant is not None and variant not in VARIANTS:
-        raise ValueError(f"rowwise_matmul: unknown variant {variant!r} (one of {', '.join(VARIANTS)})")
-    if not ws or not all(applies(x, w) for w in ws):
+    if not ws or not _applies(x, ws):
         return [x @ w.T for w in ws]
     k = x.shape[-1]
     m = x.size // k
     ns = tuple(w.shape[0] for w in ws)
-    kernel, launch = _launch(m, k, ns, x.dtype, variant or DEFAULT_VARIANT)
+    kernel, launch = _launch(m, k, ns, x.dtype)
     outs = kernel(inputs=[x.reshape(m, k), *ws], **launch)
     return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
 
@@ -371,18 +384,18 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array], variant: str | None = None)
 _launches: dict[tuple, tuple] = {}
 
 
-def _launch(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name: str) -> tuple[object, dict]:
+def _launch(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype) -> tuple[object, dict]:
     """The kernel and its launch arguments for one call's shapes (cached: a verify makes
     hundreds of these calls, and the Python time is on the cycle's path)."""
-    key = (m, k, ns, dtype, name)
+    key = (m, k, ns, dtype)
     if key not in _launches:
-        _launches[key] = _launch_arguments(m, k, ns, dtype, name)
+        _launches[key] = _launch_arguments(m, k, ns, dtype)
     return _launches[key]
 
 
-def _launch_arguments(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name: str) -> tuple[object, dict]:
+def _launch_arguments(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype) -> tuple[object, dict]:
     """(the kernel where MLX runs on CUDA, else None; its launch arguments)."""
-    v = VARIANTS[name]
+    v = geometry(len(ns))
     mb = block_rows(m, v)
     threads = 128 * v.feature_sets
     blocks = sum(-(-n // v.features_per_block()) for n in ns)
@@ -391,4 +404,4 @@ def _launch_arguments(m: int, k: int, ns: tuple[int, ...], dtype: mx.Dtype, name
                   ("S", STEPS), ("NST", STAGES), ("MB", mb)],
         grid=(blocks * threads, -(-m // mb), 1), threadgroup=(threads, 1, 1),
         output_shapes=[(m, n) for n in ns], output_dtypes=[dtype] * len(ns))
-    return (_kernel(name, shared_bytes(m, k, dtype.size, v), len(ns)) if on_cuda() else None), launch
+    return (_kernel(v.name(), shared_bytes(m, k, dtype.size, v), len(ns)) if on_cuda() else None), launch
