@@ -78,6 +78,16 @@ def test_replayed_rows_are_the_rows_no_cudnn_call_takes(monkeypatch, cudnn):
     assert sa.replayed_rows(260, 16, 128) == (11 if cudnn == "1" else 16)  # rows 0..10 have 245..255 keys
 
 
+def test_step_launches_are_built_once_per_shape():
+    one = sa._step_launches((1, 8, 16, 128), mx.bfloat16, False, 128 ** -0.5)
+    (_, args), combine = one
+    assert combine is None and args["grid"] == (8 * 16 * 1024, 1, 1)
+    assert sa._step_launches((1, 8, 16, 128), mx.bfloat16, False, 128 ** -0.5) is one  # cached
+    (_, args), (_, combine_args) = sa._step_launches((1, 8, 16, 128), mx.bfloat16, True, 128 ** -0.5)
+    assert args["grid"] == (8 * 16 * 8 * 1024, 1, 1) and combine_args["grid"] == (8 * 16 * 1024, 1, 1)
+    assert args["output_shapes"][1] == (8, 16, sa._TWO_PASS_BLOCKS, 128)
+
+
 def _decode_steps(q: mx.array, k_all: mx.array, v_all: mx.array, context: int, scale: float) -> mx.array:
     """16 real decode steps on an mlx-lm KVCache: one query each, over the cache's slice."""
     cache = KVCache()

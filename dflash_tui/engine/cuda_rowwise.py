@@ -332,12 +332,8 @@ def shared_bytes(m: int, k: int, itemsize: int, geo: Geometry) -> int:
 _DTYPES = (mx.bfloat16, mx.float16, mx.float32)
 
 
-def applies(x: mx.array, w: mx.array) -> bool:
-    """Whether the kernel computes this product (else rowwise_matmul gives MLX's own x @ w.T)."""
-    return _applies(x, [w])
-
-
-def _applies(x: mx.array, ws: list[mx.array]) -> bool:
+def applies(x: mx.array, ws: list[mx.array]) -> bool:
+    """Whether the kernel computes these products (else rowwise_matmuls gives MLX's own x @ w.T)."""
     rows = x.size // x.shape[-1] if x.ndim else 0
     dtype = x.dtype
     return (1 < rows <= MAX_ROWS and dtype in _DTYPES and all(w.dtype == dtype for w in ws)
@@ -371,7 +367,7 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     for w in ws:
         if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
             raise ValueError(f"rowwise_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [..., K] and [N, K]")
-    if not ws or not _applies(x, ws):
+    if not ws or not applies(x, ws):
         return [x @ w.T for w in ws]
     k = x.shape[-1]
     m = x.size // k

@@ -326,11 +326,12 @@ def step_attention_kernel(q: mx.array, keys: mx.array, values: mx.array, scale: 
     """All L rows through the sdpa_vector replay (CUDA only; D in 64/96/128, 16-bit floats):
     row i equals MLX's `sdpa_vector` one-query call over S - L + i + 1 keys."""
     two_pass = keys.shape[2] >= TWO_PASS_FROM_KEYS
-    first_pass, combine = _step_launches(tuple(q.shape), q.dtype, two_pass, scale)
-    first, part_o, part_ms = first_pass[0](inputs=[q, keys, values], **first_pass[1])
-    if not two_pass:
+    (first_pass, first_args), combine = _step_launches(tuple(q.shape), q.dtype, two_pass, scale)
+    first, part_o, part_ms = first_pass(inputs=[q, keys, values], **first_args)
+    if combine is None:
         return first
-    return combine[0](inputs=[first, keys, part_o, part_ms], **combine[1])[0]
+    combine_pass, combine_args = combine
+    return combine_pass(inputs=[first, keys, part_o, part_ms], **combine_args)[0]
 
 
 _launches: dict[tuple, tuple] = {}
@@ -338,13 +339,15 @@ _launches: dict[tuple, tuple] = {}
 
 def _step_launches(shape: tuple[int, ...], dtype: mx.Dtype, two_pass: bool, scale: float) -> tuple:
     """((first pass kernel, its launch arguments), (combine kernel, its arguments) or None), cached:
-    a verify makes one call a layer, and the Python time is on the cycle's path."""
+    a verify makes one call a layer, and the Python time is on the cycle's path. The kernels
+    exist only where MLX runs on CUDA (else None)."""
     key = (shape, dtype, two_pass, scale)
     if key not in _launches:
         _, H, L, D = shape
         part = (H, L, _TWO_PASS_BLOCKS) if two_pass else (1,)
+        cuda = on_cuda()
         first = (_kernel(f"dflash_step_attention{'_2p' if two_pass else ''}", ["q", "k", "v"],
-                         ["out", "part_o", "part_ms"], _PASS1_SOURCE),
+                         ["out", "part_o", "part_ms"], _PASS1_SOURCE) if cuda else None,
                  dict(template=[("T", dtype), ("D", D), ("TWO_PASS", two_pass),
                                 ("SCALE_1PASS_BITS", _f32_bits(one_pass_scale(scale))),
                                 ("SCALE_2PASS_BITS", _f32_bits(two_pass_scale(scale)))],
@@ -354,7 +357,7 @@ def _step_launches(shape: tuple[int, ...], dtype: mx.Dtype, two_pass: bool, scal
         combine = None
         if two_pass:
             combine = (_kernel("dflash_step_attention_combine", ["first", "k", "part_o", "part_ms"], ["out"],
-                               _PASS2_SOURCE),
+                               _PASS2_SOURCE) if cuda else None,
                        dict(template=[("T", dtype), ("D", D)], grid=(H * L * 1024, 1, 1), threadgroup=(1024, 1, 1),
                             output_shapes=[shape], output_dtypes=[dtype]))
         _launches[key] = first, combine
