@@ -17,8 +17,11 @@ on the same cache length (the cache is trimmed back after each):
   Python functions with the most own time while each builds its graph (cProfile over the
   reps, ms per forward), to see what the engine's build adds to mlx-lm's.
 
-Where `build` is close to `total`, the forward is bound by Python and MLX's
-graph building, not by the GPU; a faster kernel then buys nothing.
+`encode` is the time MLX's evaluation call takes to launch the built graph on the host
+(on a GPU it returns before the device is done; on the CPU it runs the work itself).
+Where `build` plus `encode` is close to `total`, the forward is bound by the host
+(Python, MLX's graph building and launching), not by the GPU; a faster kernel then buys
+nothing. `kernel_census` gives each forward's device time to set beside these.
 
     python -m dflash_tui.bench.cycle_profile --shape qwen3-4b qwen3-8b-4bit --context 128 4096
     python -m dflash_tui.bench.cycle_profile --shape tiny --reps 3     # CPU smoke run
@@ -43,19 +46,44 @@ from dflash_tui.engine.state import DecodeState
 
 
 def _timed(run: Callable[[], Any], reset: Callable[[], None], reps: int) -> dict[str, float]:
-    builds, totals = [], []
+    builds, encodes, totals = [], [], []
     for i in range(reps + 2):
         mx.synchronize()
         tic = time.perf_counter()
         out = run()
         built = time.perf_counter()
+        mx.async_eval(out)  # returns once MLX has encoded (launched) the graph on the host
+        encoded = time.perf_counter()
         mx.eval(out)
         done = time.perf_counter()
         reset()
         if i >= 2:  # the first two warm up (kernel builds, allocator)
             builds.append((built - tic) * 1e3)
+            encodes.append((encoded - built) * 1e3)
             totals.append((done - tic) * 1e3)
-    return {"build_ms": statistics.median(builds), "total_ms": statistics.median(totals)}
+    return {"build_ms": statistics.median(builds), "encode_ms": statistics.median(encodes),
+            "total_ms": statistics.median(totals)}
+
+
+def _copied(state: Any) -> Any:
+    return tuple(list(x) if isinstance(x, list) else x for x in state) if isinstance(state, tuple) else state
+
+
+def rewinder(cache: list[Any]) -> Callable[[int], Callable[[], None]]:
+    """`trim(n)` -> a reset that drops the last n rows of the attention caches and gives the
+    recurrent ones their state of now back (copied both ways: a forward replaces the arrays of
+    a recurrent cache in its own list)."""
+    states = {i: _copied(c.state) for i, c in enumerate(cache) if not hasattr(c, "trim")}
+
+    def trim(n: int) -> Callable[[], None]:
+        def reset() -> None:
+            for i, c in enumerate(cache):
+                if i in states:
+                    c.state = _copied(states[i])
+                else:
+                    c.trim(n)
+        return reset
+    return trim
 
 
 def python_time(run: Callable[[], Any], reset: Callable[[], None], reps: int, top: int) -> dict[str, Any]:
@@ -89,18 +117,7 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     cache = state.target_cache
     rows: list[dict[str, Any]] = []
 
-    # attention caches drop the rows again; recurrent ones get their state back (a forward
-    # replaces their arrays, never writes into them)
-    states = {i: c.state for i, c in enumerate(cache) if not hasattr(c, "trim")}
-
-    def trim(n: int) -> Callable[[], None]:
-        def reset() -> None:
-            for i, c in enumerate(cache):
-                if i in states:
-                    c.state = states[i]
-                else:
-                    c.trim(n)
-        return reset
+    trim = rewinder(cache)
 
     def add(name: str, run: Callable[[], Any], reset: Callable[[], None]) -> None:
         try:

@@ -1,0 +1,88 @@
+"""bench/kernel_census: its forwards leave the caches as they found them, and its reader splits an
+Nsight Compute CSV at the marker kernels (the device runs cannot happen here)."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+from dflash_tui.bench import kernel_census as kc
+
+HEADER = '"ID","Process ID","Kernel Name","gpu__time_duration.sum"'
+
+
+def _csv(rows: list[tuple[str, str]], unit: str = "ns") -> str:
+    lines = ["==PROF== Connected to process 1", HEADER, f'"","","","{unit}"']
+    lines += [f'"{i}","1","{name}","{t}"' for i, (name, t) in enumerate(rows)]
+    return "\n".join(lines) + "\n==PROF== Disconnected from process 1\n"
+
+
+def _marker(phase: str) -> str:
+    return f"mlx::custom_kernel_{kc.MARK}{kc.slug(phase)}(const float *, float *)"
+
+
+def _lengths(state) -> list:
+    return [c.offset if hasattr(c, "trim") else [a.tolist() for a in c.cache if a is not None]
+            for c in state.target_cache]
+
+
+@pytest.mark.parametrize("shape", ["tiny", "tiny-hybrid"])
+def test_every_forward_puts_the_caches_back(shape):
+    state, token = kc.prepare(shape, 12)
+    forwards = kc.phases(state, token, 4)
+    assert [name for name, _, _ in forwards] == ["mlx-lm step", "engine verify 4", "engine verify 4 step rows", "draft 4"]
+    before = _lengths(state)
+    for name, run, reset in forwards:
+        out = run()
+        mx.eval(out)
+        assert _lengths(state) != before or name.startswith("draft"), name  # the forward did write the caches
+        reset()
+        assert _lengths(state) == before, name
+
+
+def test_run_census_runs_each_forward_on_the_cpu_without_markers(capsys):
+    assert kc.main(["--shape", "tiny", "--context", "10", "--block-size", "3"]) == 0
+    info = json.loads(capsys.readouterr().err)
+    assert info["phases"] == ["mlx-lm step", "engine verify 3", "engine verify 3 step rows", "draft 3"]
+    assert info["markers"] is False
+
+
+def test_reader_splits_the_kernels_at_each_marker_and_sums_their_time():
+    text = _csv([("void mlx::copy_s<float>(const float *)", "4,000"),  # before the first marker: left out
+                 (_marker("mlx-lm step"), "1000"),
+                 ("void mlx::gemv_single<__nv_bfloat16, 8, 4>(const T1 *, int)", "3,000"),
+                 ("void mlx::gemv_single<__nv_bfloat16, 8, 4>(const T1 *, int)", "2000"),
+                 ("void mlx::rms_norm_small<__nv_bfloat16, 64>(const T1 *)", "500"),
+                 (_marker("engine verify 16"), "900"),
+                 ("nvjet_sm90_tst_128x16_64x11_4x1_v_bz_TNT", "6000"),
+                 (_marker("draft 16"), "900"),
+                 ("nvjet_sm90_tst_384x16", "1500")])
+    found = kc.read_census(text)
+    assert [p.name for p in found] == ["mlx_lm_step", "engine_verify_16", "draft_16"]
+    step = found[0]
+    assert (step.kernels, step.device_ms) == (3, pytest.approx(0.0055))
+    assert step.launches["mlx::gemv_single<__nv_bfloat16, 8, 4>"] == 2
+    row = step.row(top=1)
+    assert row["top"] == [{"kernel": "mlx::gemv_single<__nv_bfloat16, 8, 4>", "ms": pytest.approx(0.005), "launches": 2}]
+    assert kc.device_price(found, 16) == pytest.approx((6.0 + 1.5) / 5.5)
+    assert kc.device_price(found[:2], 16) is None  # no draft: no price
+
+
+def test_reader_takes_the_csv_unit_and_refuses_what_is_not_a_census(tmp_path, capsys):
+    us = kc.read_census(_csv([(_marker("draft 4"), "1"), ("k(int)", "2.5")], unit="usecond"))
+    assert us[0].device_ms == pytest.approx(0.0025)
+    with pytest.raises(ValueError, match="unknown time unit"):
+        kc.read_census(_csv([(_marker("draft 4"), "1")], unit="furlong"))
+    with pytest.raises(ValueError, match="no marker kernels"):
+        kc.read_census(_csv([("k(int)", "2")]))
+    with pytest.raises(ValueError, match="no Nsight Compute CSV"):
+        kc.read_census("==PROF== nothing profiled\n")
+    good = tmp_path / "census.csv"
+    good.write_text(_csv([(_marker("mlx-lm step"), "1"), ("k(int)", "2000")]))
+    assert kc.main(["--read", str(good)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["phases"][0]["kernels"] == 1 and printed["device_price"] is None
+    for bad in (tmp_path / "missing.csv", tmp_path):  # a missing file, a directory: one line, exit 1
+        assert kc.main(["--read", str(bad)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("kernel_census: ") and err.count("\n") == 1
