@@ -356,3 +356,14 @@ def test_the_baseline_speed_runs_to_the_step_that_says_end_of_text(qwen3_pair, m
         tok.eos_token_ids = saved
     assert figures.tokens == ref[:k]
     assert (k - 1) / figures.decode_tps >= 0.5  # the slow end is in the span
+
+
+def test_host_cost_times_every_operation_kind(capsys):
+    from dflash_tui.bench import host_cost
+
+    assert host_cost.main(["--ops", "20", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["op"] for r in rows] == ["add", "reshape", "matmul, 1 row", "matmul, 16 rows", "rms_norm"]  # CPU: no kernels
+    assert all(r["build_us"] > 0 and r["eval_us"] > 0 for r in rows), rows
+    with pytest.raises(SystemExit):
+        host_cost.main(["--ops", "0"])
