@@ -86,3 +86,53 @@ def test_reader_takes_the_csv_unit_and_refuses_what_is_not_a_census(tmp_path, ca
         assert kc.main(["--read", str(bad)]) == 1
         err = capsys.readouterr().err
         assert err.startswith("kernel_census: ") and err.count("\n") == 1
+
+
+def test_a_verify_launched_from_a_second_thread_equals_the_plain_one(monkeypatch):
+    from dflash_tui.bench.second_thread import Launcher, launching_from
+    from dflash_tui.engine import target as target_mod
+
+    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 1)  # launch after every layer, as a GPU does by groups
+    state, token = kc.prepare("tiny", 12)
+    target, cache = state.target, state.target_cache
+    assert target.flush_every == 1 and len(target._flush_ids()) == 3
+    many = mx.array([[token] * 4])
+
+    def verify():
+        target.begin_verify(cache)
+        out = list(target.forward(many, cache))
+        return out
+
+    plain = verify()
+    mx.eval(plain)
+    target.rollback(cache, 0, 4)
+    launcher, stream = Launcher(), mx.new_thread_unsafe_stream(mx.default_device())
+    original = mx.async_eval
+    with launching_from(launcher, stream):
+        threaded = verify()
+    assert mx.async_eval is original  # put back on leaving
+    assert launcher.launched == 3  # every layer group was launched by the second thread
+    mx.eval(threaded)
+    for a, b in zip(plain, threaded):
+        assert mx.array_equal(a, b).item()
+
+    def broken(arrays):
+        raise RuntimeError("launch failed")
+
+    launcher._launch = broken  # a failed launch reaches the caller, not a silent thread
+    target.rollback(cache, 0, 4)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        with launching_from(launcher, stream):
+            verify()
+    assert mx.async_eval is original
+
+
+def test_cycle_profile_times_the_second_thread_in_two_and_six_groups(monkeypatch):
+    from dflash_tui.bench import cycle_profile
+    from dflash_tui.engine import target as target_mod
+
+    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 2)  # as on a GPU: two groups
+    rows = {r["variant"]: r for r in cycle_profile.profile("tiny", 12, 4, 1, mx.bfloat16)}
+    for name in ("engine verify 4 second thread", "engine verify 4 six groups", "engine verify 4 six groups, second thread"):
+        assert "error" not in rows[name], rows[name]
+        assert 0 < rows[name]["build_ms"] <= rows[name]["total_ms"]
