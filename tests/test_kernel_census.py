@@ -1,5 +1,6 @@
-"""bench/kernel_census: its forwards leave the caches as they found them, and its reader splits an
-Nsight Compute CSV at the marker kernels (the device runs cannot happen here)."""
+"""The host-against-device benchmarks: kernel_census's forwards leave the caches as they found them
+and its reader splits an Nsight Compute CSV at the marker kernels (the device runs cannot happen
+here); second_thread's verify equals the plain one, and cycle_profile times it."""
 
 import json
 
