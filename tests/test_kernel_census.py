@@ -3,6 +3,7 @@ and its reader splits an Nsight Compute CSV at the marker kernels (the device ru
 here); second_thread's verify equals the plain one, and cycle_profile times it."""
 
 import json
+import os
 
 import mlx.core as mx
 import pytest
@@ -83,7 +84,9 @@ def test_reader_takes_the_csv_unit_and_refuses_what_is_not_a_census(tmp_path, ca
     assert kc.main(["--read", str(good)]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["phases"][0]["kernels"] == 1 and printed["device_price"] is None
-    for bad in (tmp_path / "missing.csv", tmp_path):  # a missing file, a directory: one line, exit 1
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # opening it would wait for a writer forever
+    for bad in (tmp_path / "missing.csv", tmp_path, fifo):  # missing, a directory, a FIFO: one line, exit 1
         assert kc.main(["--read", str(bad)]) == 1
         err = capsys.readouterr().err
         assert err.startswith("kernel_census: ") and err.count("\n") == 1

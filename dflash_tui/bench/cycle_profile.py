@@ -112,14 +112,19 @@ def python_time(run: Callable[[], Any], reset: Callable[[], None], reps: int, to
                      "cumulative_ms": v[3] * 1e3 / reps} for f, v in ranked]}
 
 
-def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
-            sweep: tuple[int, ...] = (), python_top: int = 0) -> list[dict[str, Any]]:
+def prepare(shape: str, context: int, dtype: mx.Dtype = mx.bfloat16) -> tuple[DecodeState, int]:
+    """A random-weight pair of `shape` (a 5-layer draft) with `context` random tokens prefilled;
+    (its state, the next token)."""
     target, draft = build(shape, 5, dtype)
     state = DecodeState(target, draft)
-    prompt = random_prompt(target.vocab_size, context)
-    logits, _ = state.prefill(prompt)
-    token = int(logits.argmax().item())
-    cache = state.target_cache
+    logits, _ = state.prefill(random_prompt(target.vocab_size, context))
+    return state, int(logits.argmax().item())
+
+
+def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
+            sweep: tuple[int, ...] = (), python_top: int = 0) -> list[dict[str, Any]]:
+    state, token = prepare(shape, context, dtype)
+    target, cache = state.target, state.target_cache
     rows: list[dict[str, Any]] = []
 
     trim = rewinder(cache)

@@ -28,6 +28,7 @@ import csv
 import ctypes
 import io
 import json
+import os
 import re
 import sys
 from collections import Counter
@@ -36,8 +37,8 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 
-from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
-from dflash_tui.bench.cycle_profile import rewinder
+from dflash_tui.bench.cycle_cost import SHAPES
+from dflash_tui.bench.cycle_profile import prepare, rewinder
 from dflash_tui.engine.cuda_base import on_cuda
 from dflash_tui.engine.speculative import draft_proposals
 from dflash_tui.engine.state import DecodeState
@@ -79,14 +80,6 @@ def mark(phase: str) -> None:
     out = _marks[name](inputs=[mx.zeros((1,))], grid=(1, 1, 1), threadgroup=(1, 1, 1), output_shapes=[(1,)],
                        output_dtypes=[mx.float32])
     mx.eval(out)
-
-
-def prepare(shape: str, context: int) -> tuple[DecodeState, int]:
-    """A random-weight pair of `shape` with `context` tokens prefilled; (its state, the next token)."""
-    target, draft = build(shape, 5, mx.bfloat16)
-    state = DecodeState(target, draft)
-    logits, _ = state.prefill(random_prompt(target.vocab_size, context))
-    return state, int(logits.argmax().item())
 
 
 def phases(state: DecodeState, token: int, block: int) -> list[tuple[str, Callable[[], Any], Callable[[], None]]]:
@@ -225,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.read:
         try:
+            if not os.path.isfile(args.read):  # a directory, a FIFO or a device would never give a table
+                raise OSError(f"{args.read}: not a regular file")
             with open(args.read, encoding="utf-8", errors="replace") as f:
                 found = read_census(f.read())
         except (OSError, ValueError) as exc:
