@@ -140,3 +140,35 @@ def test_cycle_profile_times_the_second_thread_in_two_and_six_groups(monkeypatch
     for name in ("engine verify 4 second thread", "engine verify 4 six groups", "engine verify 4 six groups, second thread"):
         assert "error" not in rows[name], rows[name]
         assert 0 < rows[name]["build_ms"] <= rows[name]["total_ms"]
+
+
+def test_cycle_cost_second_thread_setup_decodes_the_same_tokens_and_undoes_itself(monkeypatch):
+    from dflash_tui.bench import cycle_cost
+    from dflash_tui.engine import target as target_mod
+    from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
+    from dflash_tui.engine.state import DecodeState
+
+    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 1)  # launch mid-forward, as a GPU does
+    target, draft = cycle_cost.build("tiny", 2, mx.float32)
+    prompt = cycle_cost.random_prompt(target.vocab_size, 14)
+
+    def tokens() -> list[int]:
+        state = DecodeState(target, draft)
+        logits, _ = state.prefill(prompt)
+        out: list[int] = []
+        for cyc in dflash_cycles(state, int(logits.argmax().item()), 4, lambda: 16 - len(out), propose=draft_proposals):
+            out += list(cyc.emitted)
+        return out
+
+    defaults = {"DFLASH_TUI_KERNELS": ""}
+    stream = mx.default_stream(mx.default_device())
+    cycle_cost.apply_setup(target, draft, "engine", defaults)
+    plain = tokens()
+    cycle_cost.apply_setup(target, draft, "second-thread", defaults)
+    assert "forward" in target.__dict__
+    threaded = tokens()
+    assert target.launcher.launched > 0  # its verifies' groups were launched by the second thread
+    assert threaded == plain and len(plain) >= 16
+    cycle_cost.apply_setup(target, draft, "engine", defaults)  # the next setup is the engine's own again
+    assert "forward" not in target.__dict__ and not hasattr(target, "launcher")
+    assert mx.default_stream(mx.default_device()) == stream

@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
@@ -64,3 +64,31 @@ def launching_from(launcher: Launcher, stream: mx.Stream) -> Iterator[None]:
     finally:
         mx.async_eval = original
         launcher.wait()
+
+
+def launch_forwards_from_thread(target: Any) -> Callable[[], None]:
+    """Make `target.forward` launch its mid-forward groups from a second thread wherever it launches
+    mid-forward at all (cycle_cost's `second-thread` setup); returns the undo. Everything this thread
+    builds from now on goes on a stream any thread may evaluate (a verify's inputs, such as the
+    draft's proposals, are still lazy when its first group is launched)."""
+    from dflash_tui.engine.target import PIPELINE_TOKENS
+
+    launcher, stream = Launcher(), mx.new_thread_unsafe_stream(mx.default_device())
+    before = mx.default_stream(mx.default_device())
+    mx.set_default_stream(stream)
+    plain = target.forward
+
+    def forward(tokens: mx.array, cache: list[Any], last_only: bool = False) -> Any:
+        if target.flush_every and tokens.shape[1] <= PIPELINE_TOKENS:
+            with launching_from(launcher, stream):
+                return plain(tokens, cache, last_only=last_only)
+        return plain(tokens, cache, last_only=last_only)
+
+    target.forward = forward
+    target.launcher = launcher  # how many groups it launched, for whoever checks
+
+    def undo() -> None:
+        target.__dict__.pop("forward", None)
+        target.__dict__.pop("launcher", None)
+        mx.set_default_stream(before)
+    return undo
