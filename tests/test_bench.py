@@ -274,7 +274,7 @@ def test_cycle_profile_times_every_forward_variant_on_attention_and_hybrid_targe
         rows = [r for r in rows if r not in python.values()]
         got = {r["variant"]: r for r in rows if r["shape"] == shape}
         assert set(got) == {"mlx-lm step", "engine step", "mlx-lm verify 4", "engine verify 4",
-                            "engine verify 4 no flush", "engine verify 4 second thread", "engine verify 4 step rows",
+                            "engine verify 4 no flush", "engine verify 4 step rows",
                             "engine verify 4 step rows no flush", "draft 4", "mlx-lm forward 2",
                             "mlx-lm forward 7"}, got
         for r in got.values():

@@ -1,6 +1,6 @@
 """The host-against-device benchmarks: kernel_census's forwards leave the caches as they found them
 and its reader splits an Nsight Compute CSV at the marker kernels (the device runs cannot happen
-here); second_thread's verify equals the plain one, and cycle_profile times it."""
+here); cycle_profile and cycle_cost time the verify in other layer groups."""
 
 import json
 import os
@@ -92,65 +92,27 @@ def test_reader_takes_the_csv_unit_and_refuses_what_is_not_a_census(tmp_path, ca
         assert err.startswith("kernel_census: ") and err.count("\n") == 1
 
 
-def test_a_verify_launched_from_a_second_thread_equals_the_plain_one(monkeypatch):
-    from dflash_tui.bench.second_thread import Launcher, launching_from
-    from dflash_tui.engine import target as target_mod
-
-    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 1)  # launch after every layer, as a GPU does by groups
-    state, token = kc.prepare("tiny", 12)
-    target, cache = state.target, state.target_cache
-    assert target.flush_every == 1 and len(target._flush_ids()) == 3
-    many = mx.array([[token] * 4])
-
-    def verify():
-        target.begin_verify(cache)
-        out = list(target.forward(many, cache))
-        return out
-
-    plain = verify()
-    mx.eval(plain)
-    target.rollback(cache, 0, 4)
-    launcher, stream = Launcher(), mx.new_thread_unsafe_stream(mx.default_device())
-    original = mx.async_eval
-    with launching_from(launcher, stream):
-        threaded = verify()
-    assert mx.async_eval is original  # put back on leaving
-    assert launcher.launched == 3  # every layer group was launched by the second thread
-    mx.eval(threaded)
-    for a, b in zip(plain, threaded):
-        assert mx.array_equal(a, b).item()
-
-    def broken(arrays):
-        raise RuntimeError("launch failed")
-
-    launcher._launch = broken  # a failed launch reaches the caller, not a silent thread
-    target.rollback(cache, 0, 4)
-    with pytest.raises(RuntimeError, match="launch failed"):
-        with launching_from(launcher, stream):
-            verify()
-    assert mx.async_eval is original
-
-
-def test_cycle_profile_times_the_second_thread_in_two_and_six_groups(monkeypatch):
+def test_cycle_profile_times_the_verify_in_six_groups(monkeypatch):
     from dflash_tui.bench import cycle_profile
     from dflash_tui.engine import target as target_mod
 
     monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 2)  # as on a GPU: two groups
     rows = {r["variant"]: r for r in cycle_profile.profile("tiny", 12, 4, 1, mx.bfloat16)}
-    for name in ("engine verify 4 second thread", "engine verify 4 six groups", "engine verify 4 six groups, second thread"):
-        assert "error" not in rows[name], rows[name]
-        assert 0 < rows[name]["build_ms"] <= rows[name]["total_ms"]
+    assert "error" not in rows["engine verify 4 six groups"], rows["engine verify 4 six groups"]
+    assert 0 < rows["engine verify 4 six groups"]["build_ms"] <= rows["engine verify 4 six groups"]["total_ms"]
 
 
-def test_cycle_cost_second_thread_setup_decodes_the_same_tokens_and_undoes_itself(monkeypatch):
+def test_cycle_cost_flush_setups_regroup_the_forwards_and_decode_the_same_tokens(monkeypatch):
     from dflash_tui.bench import cycle_cost
     from dflash_tui.engine import target as target_mod
     from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
     from dflash_tui.engine.state import DecodeState
 
-    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: 1)  # launch mid-forward, as a GPU does
-    target, draft = cycle_cost.build("tiny", 2, mx.float32)
+    monkeypatch.setattr(target_mod, "default_flush_every", lambda n: -(-n // 2))  # two groups, as on a GPU
+    target, draft = cycle_cost.build("tiny-hybrid", 2, mx.float32)  # 8 layers: groups of 4, 2 and none
     prompt = cycle_cost.random_prompt(target.vocab_size, 14)
+    launched: list[int] = []
+    monkeypatch.setattr(target_mod.mx, "async_eval", lambda *a: launched.append(1) or mx.eval(*a))
 
     def tokens() -> list[int]:
         state = DecodeState(target, draft)
@@ -160,15 +122,13 @@ def test_cycle_cost_second_thread_setup_decodes_the_same_tokens_and_undoes_itsel
             out += list(cyc.emitted)
         return out
 
-    defaults = {"DFLASH_TUI_KERNELS": ""}
-    stream = mx.default_stream(mx.default_device())
-    cycle_cost.apply_setup(target, draft, "engine", defaults)
-    plain = tokens()
-    cycle_cost.apply_setup(target, draft, "second-thread", defaults)
-    assert "forward" in target.__dict__
-    threaded = tokens()
-    assert target.launcher.launched > 0  # its verifies' groups were launched by the second thread
-    assert threaded == plain and len(plain) >= 16
-    cycle_cost.apply_setup(target, draft, "engine", defaults)  # the next setup is the engine's own again
-    assert "forward" not in target.__dict__ and not hasattr(target, "launcher")
-    assert mx.default_stream(mx.default_device()) == stream
+    runs, launches = {}, {}
+    for name, every in (("engine", 4), ("no-flush", 0), ("six-groups", 2), ("engine", 4)):
+        setup = cycle_cost.apply_setup(target, draft, name, {"DFLASH_TUI_KERNELS": ""})
+        assert setup["flush_every"] == target.flush_every == every and setup["setup"] == name
+        del launched[:]
+        runs[name] = tokens()
+        launches[name] = len(launched)
+    # mid-forward launches: one a forward in two groups, three in six groups (of 2 layers), none whole
+    assert launches["six-groups"] > launches["engine"] > launches["no-flush"] == 0, launches
+    assert runs["no-flush"] == runs["six-groups"] == runs["engine"] and len(runs["engine"]) >= 16

@@ -37,7 +37,6 @@ import mlx.core as mx
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
-from dflash_tui.bench.second_thread import launch_forwards_from_thread
 from dflash_tui.bench.references import tokenizer_for, vanilla_step_ms, zlab_available, zlab_cycle_ms, zlab_draft
 from dflash_tui.engine import cuda_kernels
 from dflash_tui.engine.cuda_kernels import kernels_wanted
@@ -45,6 +44,7 @@ from dflash_tui.engine.draft import DFlashDraft, default_attention_mode
 from dflash_tui.engine.draft_quant import quantize_draft
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals, lazy_draft_wanted
 from dflash_tui.engine.state import DecodeState
+from dflash_tui.engine import target as target_module
 from dflash_tui.engine.target import Target
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -153,14 +153,14 @@ def random_prompt(vocab: int, length: int) -> list[int]:
 # this device; "step-rows" the same with each verify row computed as the decode step at its
 # position (engine/step_rows.py; MLX CUDA only, elsewhere it is "engine"); "mlx-ops" is the
 # engine with its CUDA kernels off (DFLASH_TUI_KERNELS=0): MLX's own fused attention and
-# mlx-lm's Gated DeltaNet ops, as a plain mlx-lm forward runs them; "second-thread" the engine
-# with its mid-forward launches made by a second thread (bench/second_thread.py; MLX 0.32 or
-# later), and "step-rows-second-thread" both.
+# mlx-lm's Gated DeltaNet ops, as a plain mlx-lm forward runs them; "no-flush" and "six-groups"
+# the engine with its forwards launched whole, or in six layer groups instead of two, where it
+# launches them in groups at all (a GPU: `Target.flush_every`).
 SETUPS: dict[str, dict[str, str]] = {
     "engine": {},
     "step-rows": {},
-    "second-thread": {},
-    "step-rows-second-thread": {},
+    "no-flush": {},
+    "six-groups": {},
     "mlx-ops": {"DFLASH_TUI_KERNELS": "0"},
 }
 
@@ -172,10 +172,9 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
     mode = default_attention_mode()
     target.use_attention(mode)
     target.use_step_rows(name.startswith("step-rows"))
-    for undo in target.__dict__.pop("_bench_undo", []):
-        undo()
-    if name.endswith("second-thread"):
-        target._bench_undo = [launch_forwards_from_thread(target)]
+    default = target_module.default_flush_every(len(target.layers))  # 0 where forwards launch whole anyway (the CPU)
+    target.flush_every = {"no-flush": 0, "six-groups": -(-len(target.layers) // 6)}.get(name, default) if default else 0
+    target.set_capture(target.capture_ids)  # the flush points are hooked with the capture
     draft.set_attention_mode(mode)
     return {"setup": name, "attention": target.attention_mode, "flush_every": target.flush_every,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "step_rows": target.step_rows}

@@ -10,10 +10,8 @@ on the same cache length (the cache is trimmed back after each):
 - `mlx-lm verify L`: the bare model on L tokens; `engine verify L`: `Target.forward`
   on L tokens, with and without its mid-forward evaluation (`flush_every`), and the
   same with step rows (every row computed as the decode step at its position);
-- `engine verify L second thread`: the same verify with its mid-forward launches made by a
-  second thread while Python builds on (bench/second_thread.py; MLX 0.32 or later), and, where
-  the verify launches mid-forward at all (a GPU), the same in six layer groups instead of two,
-  on one thread and on a second;
+- `engine verify L six groups`: where the verify launches mid-forward at all (a GPU), the same
+  launched in six layer groups instead of two;
 - `draft L`: the draft's proposals for a block of L;
 - `mlx-lm forward N` (with `--rows N ...`): the bare model on N tokens, to see where a
   forward's cost jumps with its rows (a kernel that changes with the row count);
@@ -45,7 +43,6 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
-from dflash_tui.bench.second_thread import Launcher, launching_from
 from dflash_tui.engine.speculative import draft_proposals
 from dflash_tui.engine.state import DecodeState
 
@@ -161,21 +158,10 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     target.flush_every = 0
     add(f"engine verify {block} no flush", lambda: list(verify(many)), undo_verify)
     target.flush_every = keep
-    if hasattr(mx, "new_thread_unsafe_stream"):  # MLX 0.32: a stream any thread may evaluate
-        # the same verify with its mid-forward launches on a second thread (bench/second_thread.py),
-        # in two layer groups and in six, against six on one thread
-        launcher, stream = Launcher(), mx.new_thread_unsafe_stream(mx.default_device())
-
-        def from_thread() -> list:
-            with launching_from(launcher, stream):
-                return list(verify(many))
-
-        add(f"engine verify {block} second thread", from_thread, undo_verify)
-        if keep:
-            regroup(-(-len(target.layers) // 6))
-            add(f"engine verify {block} six groups", lambda: list(verify(many)), undo_verify)
-            add(f"engine verify {block} six groups, second thread", from_thread, undo_verify)
-            regroup(keep)
+    if keep:
+        regroup(-(-len(target.layers) // 6))
+        add(f"engine verify {block} six groups", lambda: list(verify(many)), undo_verify)
+        regroup(keep)
     # the same verify with every row computed as the decode step at its position
     # (engine/step_rows.py; on MLX CUDA only, elsewhere the same as the plain verify)
     before = target.step_rows
