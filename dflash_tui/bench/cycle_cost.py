@@ -171,7 +171,7 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
         os.environ[key] = value
     mode = default_attention_mode()
     target.use_attention(mode)
-    target.use_step_rows(name.startswith("step-rows"))
+    target.use_step_rows(name == "step-rows")
     default = target_module.default_flush_every(len(target.layers))  # 0 where forwards launch whole anyway (the CPU)
     target.flush_every = {"no-flush": 0, "six-groups": -(-len(target.layers) // 6)}.get(name, default) if default else 0
     target.set_capture(target.capture_ids)  # the flush points are hooked with the capture
