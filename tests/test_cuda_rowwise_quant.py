@@ -72,6 +72,24 @@ def test_replays_qmv_only_for_the_cases_whose_one_row_call_is_qmv():
     assert not rq.replays_qmv(x, wq, scales, biases, 32, 4)  # wrong group size for these scales
 
 
+def test_the_weights_check_is_kept_for_those_very_arrays_and_forgotten_with_them():
+    import gc
+
+    x, wq, scales, biases = _quantized(64, 256, mx.bfloat16, 64, 4)
+    assert rq.replays_qmv(x, wq, scales, biases, 64, 4) and id(wq) in rq._weight_fits
+    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)  # the kept answer, asked again
+    assert not rq.replays_qmv(x, wq, scales, biases, 32, 4)  # another group size is checked anew
+    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)
+    # other scales for the same packed weights: checked anew, not taken from the entry
+    assert not rq.replays_qmv(x, wq, scales.astype(mx.float32), biases.astype(mx.float32), 64, 4)
+    assert not rq.replays_qmv(x, wq, scales[:, :2], biases[:, :2], 64, 4)  # scales of another K
+    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)
+    key = id(wq)
+    del wq
+    gc.collect()
+    assert key not in rq._weight_fits  # freed weights leave no entry (their id may come back)
+
+
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64)])
 def test_numpy_qmv_replay_computes_the_quantized_product(bits, group_size):
     from dflash_tui.bench import qmv_order

@@ -46,6 +46,8 @@ tests/cuda_emulate.py); measured against other layouts in docs/batch-invariance.
 
 from __future__ import annotations
 
+import weakref
+
 import mlx.core as mx
 
 from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
@@ -256,12 +258,36 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
     """Whether MLX CUDA's one-row call for these arguments is the qmv replayed here (and the
     kernel takes them): affine 4/8-bit, groups of 32/64 smaller than K, bf16/fp16, 2-D packed
     weights, up to 16 rows."""
-    k = x.shape[-1]
-    return (bits in BITS and group_size in GROUP_SIZES and biases is not None
-            and x.dtype in (mx.bfloat16, mx.float16) and scales.dtype == x.dtype and biases.dtype == x.dtype
-            and wq.dtype == mx.uint32 and wq.ndim == 2 and scales.ndim == 2 and biases.shape == scales.shape
-            and k % group_size == 0 and k > group_size and wq.shape[1] * 32 // bits == k
-            and scales.shape == (wq.shape[0], k // group_size) and 1 <= x.size // k <= MAX_ROWS)
+    fits = _weights_fit(wq, scales, biases, group_size, bits)
+    return fits is not None and x.dtype == fits[1] and x.shape[-1] == fits[0] and 1 <= x.size // fits[0] <= MAX_ROWS
+
+
+# id(wq) -> (weak references to wq, scales, biases; group size and bits; what _weights_fit found).
+# A verify checks every quantized linear's weights (253 on a 36-layer model): checked once, the
+# answer kept while those very arrays live (an entry goes when its weights are freed).
+_weight_fits: dict[int, tuple] = {}
+
+
+def _weights_fit(wq: mx.array, scales: mx.array, biases: mx.array | None, group_size: int,
+                 bits: int) -> tuple[int, mx.Dtype] | None:
+    """(K, dtype) of weights the kernel takes (see replays_qmv), else None."""
+    key = id(wq)
+    seen = _weight_fits.get(key)
+    if seen is not None and seen[0]() is wq and seen[1]() is scales and seen[2]() is biases \
+            and seen[3] == (group_size, bits):
+        return seen[4]
+    fits = None
+    if bits in BITS and group_size in GROUP_SIZES and biases is not None and wq.dtype == mx.uint32 \
+            and wq.ndim == 2 and scales.ndim == 2 and scales.dtype in (mx.bfloat16, mx.float16) \
+            and biases.dtype == scales.dtype and biases.shape == scales.shape:
+        k = wq.shape[1] * 32 // bits
+        if k % group_size == 0 and k > group_size and scales.shape == (wq.shape[0], k // group_size):
+            fits = (k, scales.dtype)
+    if biases is not None:  # weights without biases are never taken: nothing worth keeping
+        forget = lambda _: _weight_fits.pop(key, None)  # noqa: E731 (wq freed: its id may be reused)
+        _weight_fits[key] = (weakref.ref(wq, forget), weakref.ref(scales), weakref.ref(biases),
+                             (group_size, bits), fits)
+    return fits
 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
