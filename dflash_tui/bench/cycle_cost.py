@@ -37,6 +37,7 @@ import mlx.core as mx
 
 from dflash_tui import random_pair as rp
 from dflash_tui.engine.baseline import baseline_cycles
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.references import tokenizer_for, vanilla_step_ms, zlab_available, zlab_cycle_ms, zlab_draft
 from dflash_tui.engine import cuda_kernels
 from dflash_tui.engine.cuda_kernels import kernels_wanted
@@ -277,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="draft widths to measure side by side (0: as built, bf16)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    # a cycle drafts at least one token (block 2) and a prompt has at least one
+    require_at_least(p, args, {"prompt": 1, "tokens": 1, "block_size": 2, "repeat": 1, "draft_layers": 1,
+                               "zlab_tokens": 1})
     defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
     info = {"device": str(mx.default_device()), "shapes": args.shape, "mlx": mx.__version__,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "zlab_installed": zlab_available(),

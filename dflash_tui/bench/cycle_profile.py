@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
 from dflash_tui.engine.speculative import draft_proposals
 from dflash_tui.engine.state import DecodeState
@@ -201,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--python-profile", type=int, default=0, metavar="K",
                    help="also list the K Python functions with the most own time in each verify's graph building")
     args = p.parse_args(argv)
-    if any(n < 1 for n in args.rows):
-        p.error("--rows: each N must be at least 1")
+    require_at_least(p, args, {"rows": 1, "context": 1, "block_size": 2, "reps": 1, "python_profile": 0})
     rows = [r for shape in args.shape for ctx in args.context
             for r in profile(shape, ctx, args.block_size, args.reps, getattr(mx, args.dtype), tuple(args.rows),
                          args.python_profile)]

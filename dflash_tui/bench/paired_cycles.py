@@ -27,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SETUPS, SHAPES, apply_setup, build, random_prompt
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
 from dflash_tui.engine.state import DecodeState
@@ -106,8 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if len(set(args.setups)) < 2 or len(set(args.setups)) != len(args.setups):
         p.error("--setups: two or more different setups")
-    if args.rounds < 1 or args.block_size < 2:
-        p.error("--rounds must be at least 1 and --block-size at least 2")
+    require_at_least(p, args, {"prompt": 1, "rounds": 1, "block_size": 2, "draft_layers": 1})
     defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
     saved = os.environ.get("DFLASH_TUI_KERNELS")
     out: list[dict[str, Any]] = []
