@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+import importlib
+
 from dflash_tui.bench import cycle_cost, cycle_profile, paired_cycles
 
 REFUSED = [
@@ -24,6 +26,27 @@ REFUSED = [
     (paired_cycles, ["--rounds", "0"], "--rounds must be at least 1"),
     (paired_cycles, ["--block-size", "1"], "--block-size must be at least 2"),
 ]
+# the other scripts: (module, arguments, message)
+OTHERS = [
+    ("batch_invariance", ["--context", "0"], "--context: each value must be at least 1"),
+    ("batch_invariance", ["--chain", "0"], "--chain must be at least 1"),
+    ("block_kernels", ["--reps", "0"], "--reps must be at least 1"),
+    ("draft_quant", ["--block-size", "1"], "--block-size must be at least 2"),
+    ("exactness", ["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    ("exactness", ["--random-prompts", "0"], "--random-prompts must be at least 1"),
+    ("kernel_census", ["--block-size", "0"], "--block-size must be at least 2"),
+    ("rollback", ["--cycles", "0"], "--cycles must be at least 1"),
+    ("rollback", ["--layers", "0"], "--layers must be at least 1"),
+    ("rowwise", ["--chain-reps", "0"], "--chain-reps must be at least 1"),
+    ("sessions_index", ["--sessions", "0"], "--sessions must be at least 1"),
+    ("tui_overhead", ["--runs", "0"], "--runs must be at least 1"),
+    ("verify_parts", ["--rows", "0"], "--rows must be at least 1"),
+    ("distributed_cost", ["--model", "m", "--draft", "d", "--repeats", "0"], "--repeats must be at least 1"),
+    ("distributed_cost", ["--model", "m", "--draft", "d", "--blocks", "4,x"],
+     "--blocks: block sizes separated by commas, such as 4,16"),
+    ("distributed_cost", ["--model", "m", "--draft", "d", "--blocks", "1,16"],
+     "--blocks: each block size must be at least 2"),
+]
 
 
 @pytest.mark.parametrize("script,args,message", REFUSED, ids=[f"{s.__name__.rsplit('.', 1)[1]}{a}" for s, a, _ in REFUSED])
@@ -38,6 +61,15 @@ def test_a_count_below_its_least_is_one_line_before_any_model(script, args, mess
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.strip().splitlines()[-1].endswith(message)
+
+
+@pytest.mark.parametrize("name,args,message", OTHERS, ids=[f"{n}{a[-2:]}" for n, a, _ in OTHERS])
+def test_every_other_script_refuses_a_count_below_its_least(name, args, message, capsys):
+    script = importlib.import_module(f"dflash_tui.bench.{name}")
+    with pytest.raises(SystemExit) as exit_:
+        script.main(args)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
 
 
 def test_the_least_counts_are_taken(capsys):

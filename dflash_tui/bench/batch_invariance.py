@@ -37,6 +37,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from dflash_tui import random_pair as rp
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SHAPES
 from dflash_tui.engine.cuda_kernels import on_cuda
 from dflash_tui.engine.cuda_rowwise import rowwise_matmul
@@ -393,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                    default=["linear", "attention", "row-ops", "model"])
     p.add_argument("--chain", type=int, default=36, help="rowwise-quant: calls in a timed chain (a verify's layers)")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"context": 1, "chain": 1})
     dtype = getattr(mx, args.dtype)
     spec = SHAPES[args.shape]
     d = spec["dims"]

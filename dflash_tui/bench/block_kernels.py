@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.engine import cuda_allq_attention as cqa
 from dflash_tui.engine import cuda_gated_delta as gd
 from dflash_tui.engine import cuda_kernels as ck
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="attention: only the variants whose names start with these (fused, one_block, split, "
                         "allq, chosen); a kernel that faults spoils the GPU context for the rest")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"chain": 1, "reps": 1})
     if not ck.on_cuda():
         print("block_kernels: needs MLX's CUDA backend (the kernels are CUDA); here the references would run")
         return 2

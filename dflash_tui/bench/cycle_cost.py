@@ -36,8 +36,8 @@ from typing import Any
 import mlx.core as mx
 
 from dflash_tui import random_pair as rp
-from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.bench.arguments import require_at_least
+from dflash_tui.engine.baseline import baseline_cycles
 from dflash_tui.bench.references import tokenizer_for, vanilla_step_ms, zlab_available, zlab_cycle_ms, zlab_draft
 from dflash_tui.engine import cuda_kernels
 from dflash_tui.engine.cuda_kernels import kernels_wanted

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.engine.rank_diagnose import rounds_per_forward
 
 
@@ -92,15 +93,22 @@ def _target_step(target, prompt: list[int], repeats: int) -> float:
     return _median_ms(lambda: mx.eval(target.model(mx.array([[prompt[-1]]]), cache=cache)), repeats)
 
 
-def main() -> int:
+def main(argv: "list[str] | None" = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--blocks", default="4,16")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--pipeline", action="store_true", help="pipeline parallel instead of tensor parallel")
-    args = p.parse_args()
-    cost = measure(args.model, args.draft, tuple(int(b) for b in args.blocks.split(",")), args.repeats,
+    args = p.parse_args(argv)
+    require_at_least(p, args, {"repeats": 1})
+    try:
+        blocks = tuple(int(b) for b in args.blocks.split(","))
+    except ValueError:
+        p.error("--blocks: block sizes separated by commas, such as 4,16")
+    if any(b < 2 for b in blocks):
+        p.error("--blocks: each block size must be at least 2")
+    cost = measure(args.model, args.draft, blocks, args.repeats,
                    "pipeline" if args.pipeline else "tensor")
     if mx.distributed.init().rank() == 0:
         print(json.dumps(asdict(cost)), flush=True)

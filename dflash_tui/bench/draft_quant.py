@@ -21,6 +21,7 @@ from typing import Any, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.compare import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.draft import load_draft
@@ -88,6 +89,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"max_tokens": 1, "block_size": 2})
     texts = read_prompts(args)
     model, draft = resolve_pair(args)
     if draft is None:

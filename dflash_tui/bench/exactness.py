@@ -32,6 +32,7 @@ from typing import Any, Optional, Union
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.compare import fresh_turn
 from dflash_tui.engine.conversation import Conversation, GenerationSettings
 from dflash_tui.engine.loading import Pair, load_pair
@@ -145,6 +146,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="also run vanilla mlx-lm a second time on each prompt: is the reference repeatable?")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"max_tokens": 1, "random_prompts": 1, "prompt_tokens": 1})
     if args.shape:
         reports = {shape: summary(random_shape_rows(shape, args.random_prompts, args.prompt_tokens, args.max_tokens,
                                                     args.block_size, mx.bfloat16, tuple(args.verify),

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SHAPES
 from dflash_tui.bench.cycle_profile import prepare, rewinder
 from dflash_tui.engine.cuda_base import on_cuda
@@ -216,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--read", metavar="CSV", help="read an ncu CSV of a census instead of running one")
     p.add_argument("--top", type=int, default=8, help="kernels listed per forward (with --read)")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"context": 1, "block_size": 2, "top": 1})
     if args.read:
         try:
             if not os.path.isfile(args.read):  # a directory, a FIFO or a device would never give a table

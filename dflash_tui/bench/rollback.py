@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from dflash_tui import random_pair as rp
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.engine.hybrid import HybridCache, HybridTarget
 
 SHAPES: dict[str, dict[str, Any]] = {
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="one JSON object per result")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"layers": 1, "block_size": 2, "cycles": 1, "warmup": 0, "prompt": 1})
 
     dtype = getattr(mx, args.dtype)
     tic = time.perf_counter()

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import mlx.core as mx
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SHAPES
 from dflash_tui.engine import cuda_rowwise as cr
 from dflash_tui.engine.cuda_kernels import on_cuda
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chain-reps", type=int, default=3, help="timed evaluations of each chain (median)")
     p.add_argument("--no-extra", action="store_true", help="only the shape's own matmuls")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"layers": 1, "reps": 1, "chain_reps": 1})
     rows = run(args.shape, [getattr(mx, d) for d in args.dtypes], args.layers, args.reps,
                chain_reps=args.chain_reps, extra=not args.no_extra)
     info = {"device": str(mx.default_device()), "cuda": on_cuda(), "shape": args.shape, "mlx": mx.__version__}

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.session_index import INDEX_NAME
 from dflash_tui.session_schema import FORMAT, SCHEMA_VERSION
 
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cli", action="store_true", help="skip the CLI timings")
     parser.add_argument("--dir", metavar="PATH", help="a folder to use (default: a temporary one, removed after)")
     args = parser.parse_args(argv)
+    require_at_least(parser, args, {"sessions": 1, "repeat": 1})
     if args.dir:
         result = measure(Path(args.dir), args.sessions, args.kb, args.repeat, not args.no_cli)
     else:

@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.commands.common import add_model_arguments, resolve_pair
 
 
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", default="16", help="a number, or auto (see above)")
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args(argv)
+    require_at_least(p, args, {"max_tokens": 1, "runs": 1})
     block = args.block_size if args.block_size == "auto" else int(args.block_size)
     model, draft = resolve_pair(args)
     # the app must not touch the user's real config or sessions

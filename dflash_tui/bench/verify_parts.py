@@ -27,6 +27,7 @@ from typing import Any, Callable
 import mlx.core as mx
 import mlx.nn as nn
 
+from dflash_tui.bench.arguments import require_at_least
 from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
 from dflash_tui.engine import gdn_tape, step_rows
 from dflash_tui.engine.state import DecodeState
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verify", choices=["batched", "steps"], nargs="+", default=["batched"],
                    help="the verify's rows together (the engine's way) and/or as decode steps (MLX CUDA)")
     args = p.parse_args(argv)
+    require_at_least(p, args, {"context": 1, "rows": 1, "chain": 1, "reps": 1})
     rows = [r for shape in args.shape for ctx in args.context
             for r in profile(shape, ctx, args.rows, args.chain, args.reps, getattr(mx, args.dtype),
                                      tuple(args.verify))]
