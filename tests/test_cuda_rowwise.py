@@ -219,3 +219,37 @@ def test_the_order_sensitive_inputs_tell_gemv_orders_apart():
     x, w = _order_sensitive(44, 1024, 3)
     lanes_in_a_row = (x.astype(np.float32) @ w.T.astype(np.float32))  # BLAS's own order
     assert (ce.bf16_bits(_gemv_replay(x, w)) != ce.bf16_bits(lanes_in_a_row)).mean() > 0.5
+
+
+def test_a_repeated_call_takes_its_launch_from_the_kept_plan_until_a_weight_is_freed(monkeypatch):
+    """The launch MLX CUDA would get, on the CPU: the kernel stands in for its launch and records it."""
+    import gc
+
+    launches = []
+
+    class Recorder:
+        def __call__(self, inputs, output_shapes, output_dtypes, **launch):
+            launches.append((len(inputs), output_shapes, launch))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+
+    checks = []
+    monkeypatch.setattr(cr, "on_cuda", lambda: True)
+    monkeypatch.setattr(cr, "_kernel", lambda *a: Recorder())
+    monkeypatch.setattr(cr, "applies", lambda x, ws: checks.append(1) or True)
+    monkeypatch.setattr(cr, "_launches", {})
+    monkeypatch.setattr(cr, "_calls", {})
+    x = mx.zeros((1, 16, 256), mx.bfloat16)
+    ws = [mx.zeros((64, 256), mx.bfloat16), mx.zeros((32, 256), mx.bfloat16)]
+    first = cr.rowwise_matmuls(x, ws)
+    again = cr.rowwise_matmuls(x, ws)
+    assert len(checks) == 1 and len(launches) == 2  # checked once, launched twice
+    assert launches[0] == launches[1] and launches[0][1] == [(16, 64), (16, 32)]
+    assert [o.shape for o in first] == [o.shape for o in again] == [(1, 16, 64), (1, 16, 32)]
+    cr.rowwise_matmuls(x[:, :7], ws)  # other rows: a plan of their own
+    assert len(checks) == 2 and launches[2][1] == [(7, 64), (7, 32)]
+    with pytest.raises(ValueError):  # a weight of another K is refused, not taken from a plan
+        cr.rowwise_matmuls(x, [ws[0], mx.zeros((32, 128), mx.bfloat16)])
+    assert len(cr._calls) == 2
+    del ws[1]
+    gc.collect()
+    assert cr._calls == {}  # a freed weight takes its plans with it
