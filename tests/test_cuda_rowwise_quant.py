@@ -72,22 +72,40 @@ def test_replays_qmv_only_for_the_cases_whose_one_row_call_is_qmv():
     assert not rq.replays_qmv(x, wq, scales, biases, 32, 4)  # wrong group size for these scales
 
 
-def test_the_weights_check_is_kept_for_those_very_arrays_and_forgotten_with_them():
+def test_a_repeated_call_takes_its_launch_from_the_kept_plan_until_an_array_is_freed(monkeypatch):
+    """The launch MLX CUDA would get, on the CPU: the kernel stands in for its launch and records it."""
     import gc
 
+    launches, checks = [], []
+
+    class Recorder:
+        def __call__(self, inputs, output_shapes, output_dtypes, **launch):
+            launches.append((len(inputs), output_shapes, launch["grid"]))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+
+    real_check = rq.replays_qmv
+    monkeypatch.setattr(rq, "on_cuda", lambda: True)
+    monkeypatch.setattr(rq, "_octet_kernels", {n: Recorder() for n in (1, 2, 3)})  # the launch arguments are rq's own
+    monkeypatch.setattr(rq, "_octet_launches", {})
+    monkeypatch.setattr(rq, "replays_qmv", lambda *a: checks.append(1) or real_check(*a))
+    monkeypatch.setattr(rq, "_calls", {})
     x, wq, scales, biases = _quantized(64, 256, mx.bfloat16, 64, 4)
-    assert rq.replays_qmv(x, wq, scales, biases, 64, 4) and id(wq) in rq._weight_fits
-    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)  # the kept answer, asked again
-    assert not rq.replays_qmv(x, wq, scales, biases, 32, 4)  # another group size is checked anew
-    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)
-    # other scales for the same packed weights: checked anew, not taken from the entry
-    assert not rq.replays_qmv(x, wq, scales.astype(mx.float32), biases.astype(mx.float32), 64, 4)
-    assert not rq.replays_qmv(x, wq, scales[:, :2], biases[:, :2], 64, 4)  # scales of another K
-    assert rq.replays_qmv(x, wq, scales, biases, 64, 4)
-    key = id(wq)
-    del wq
+    _, wq2, scales2, biases2 = _quantized(32, 256, mx.bfloat16, 64, 4)
+    parts = [(wq, scales, biases), (wq2, scales2, biases2)]
+    first = rq.rowwise_quantized_matmuls(x, parts, 64, 4)
+    again = rq.rowwise_quantized_matmuls(x, parts, 64, 4)
+    assert len(checks) == 2 and len(launches) == 2  # each weight checked once, the pair launched twice
+    assert launches[0] == launches[1] and launches[0][:2] == (7, [(16, 64), (16, 32)])
+    assert [o.shape for o in first] == [o.shape for o in again] == [(16, 64), (16, 32)]
+    assert rq.rowwise_quantized_matmuls(x, parts, 32, 4) is None  # another group size: checked anew, refused
+    assert rq.rowwise_quantized_matmuls(x, parts, 32, 4) is None and len(checks) == 3  # the refusal is kept too
+    # other scales for the same packed weights are checked anew, not taken from a plan
+    assert rq.rowwise_quantized_matmuls(x, [(wq, scales.astype(mx.float32), biases.astype(mx.float32))], 64, 4) is None
+    assert rq.rowwise_quantized_matmuls(x, [(wq, scales, None)], 64, 4) is None  # no biases: not affine
+    assert len(rq._calls) == 3  # the refused float32 scales were freed, and their entry with them
+    del parts, wq2
     gc.collect()
-    assert key not in rq._weight_fits  # freed weights leave no entry (their id may come back)
+    assert len(rq._calls) == 1  # both of the pair's entries (groups of 64 and 32) went with its second weight
 
 
 @pytest.mark.parametrize("bits,group_size", [(4, 64), (4, 32), (8, 64)])

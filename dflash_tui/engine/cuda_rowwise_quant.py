@@ -258,36 +258,12 @@ def replays_qmv(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | 
     """Whether MLX CUDA's one-row call for these arguments is the qmv replayed here (and the
     kernel takes them): affine 4/8-bit, groups of 32/64 smaller than K, bf16/fp16, 2-D packed
     weights, up to 16 rows."""
-    fits = _weights_fit(wq, scales, biases, group_size, bits)
-    return fits is not None and x.dtype == fits[1] and x.shape[-1] == fits[0] and 1 <= x.size // fits[0] <= MAX_ROWS
-
-
-# id(wq) -> (weak references to wq, scales, biases; group size and bits; what _weights_fit found).
-# A verify checks every quantized linear's weights (253 on a 36-layer model): checked once, the
-# answer kept while those very arrays live (an entry goes when its weights are freed).
-_weight_fits: dict[int, tuple] = {}
-
-
-def _weights_fit(wq: mx.array, scales: mx.array, biases: mx.array | None, group_size: int,
-                 bits: int) -> tuple[int, mx.Dtype] | None:
-    """(K, dtype) of weights the kernel takes (see replays_qmv), else None."""
-    key = id(wq)
-    seen = _weight_fits.get(key)
-    if seen is not None and seen[0]() is wq and seen[1]() is scales and seen[2]() is biases \
-            and seen[3] == (group_size, bits):
-        return seen[4]
-    fits = None
-    if bits in BITS and group_size in GROUP_SIZES and biases is not None and wq.dtype == mx.uint32 \
-            and wq.ndim == 2 and scales.ndim == 2 and scales.dtype in (mx.bfloat16, mx.float16) \
-            and biases.dtype == scales.dtype and biases.shape == scales.shape:
-        k = wq.shape[1] * 32 // bits
-        if k % group_size == 0 and k > group_size and scales.shape == (wq.shape[0], k // group_size):
-            fits = (k, scales.dtype)
-    if biases is not None:  # weights without biases are never taken: nothing worth keeping
-        forget = lambda _: _weight_fits.pop(key, None)  # noqa: E731 (wq freed: its id may be reused)
-        _weight_fits[key] = (weakref.ref(wq, forget), weakref.ref(scales), weakref.ref(biases),
-                             (group_size, bits), fits)
-    return fits
+    k = x.shape[-1]
+    return (bits in BITS and group_size in GROUP_SIZES and biases is not None
+            and x.dtype in (mx.bfloat16, mx.float16) and scales.dtype == x.dtype and biases.dtype == x.dtype
+            and wq.dtype == mx.uint32 and wq.ndim == 2 and scales.ndim == 2 and biases.shape == scales.shape
+            and k % group_size == 0 and k > group_size and wq.shape[1] * 32 // bits == k
+            and scales.shape == (wq.shape[0], k // group_size) and 1 <= x.size // k <= MAX_ROWS)
 
 
 def rowwise_quantized_matmul(x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array | None,
@@ -310,12 +286,33 @@ def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array,
     if not on_cuda() or rows == 1:
         return [mx.quantized_matmul(x, wq, s, b, transpose=True, group_size=group_size, bits=bits)
                 for wq, s, b in parts]
-    if not parts or not all(replays_qmv(x, wq, s, b, group_size, bits) for wq, s, b in parts):
+    arrays = [a for part in parts for a in part]
+    key = (x.shape, x.dtype, group_size, bits, *map(id, arrays))
+    seen = _calls.get(key)
+    if seen is None or not all(ref() is a for ref, a in zip(seen[0], arrays)):
+        plan = None
+        if parts and all(replays_qmv(x, wq, s, b, group_size, bits) for wq, s, b in parts):
+            ns = tuple(wq.shape[0] for wq, _, _ in parts)
+            plan = (ns, *_octet_launch(rows, ns, x.dtype, bits, group_size))
+        seen = _keep(key, arrays, plan)
+    if seen[1] is None:
         return None
-    ns = tuple(wq.shape[0] for wq, _, _ in parts)
-    kernel, launch = _octet_launch(rows, ns, x.dtype, bits, group_size)
-    outs = kernel(inputs=[x.reshape(rows, k), *(a for part in parts for a in part)], **launch)
+    ns, kernel, launch = seen[1]
+    outs = kernel(inputs=[x.reshape(rows, k), *arrays], **launch)
     return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
+
+
+# (x's shape and dtype, group size, bits, id of every weight array) -> (weak references to those
+# arrays, (features of each weight, the kernel, its launch), or None where the kernel does not take
+# them). A verify makes 145 of these calls on the same weights and shapes, each checking up to
+# three weights; an entry goes when one of its arrays is freed (its id may come back).
+_calls: dict[tuple, tuple] = {}
+
+
+def _keep(key: tuple, arrays: list, plan: tuple | None) -> tuple:
+    forget = lambda _: _calls.pop(key, None)  # noqa: E731
+    _calls[key] = entry = (tuple(weakref.ref(a, forget) if a is not None else (lambda: None) for a in arrays), plan)
+    return entry
 
 
 def octet_geometry(rows: int, ns: tuple[int, ...], bits: int) -> tuple[int, int, int, int]:
