@@ -4,6 +4,8 @@ the backend check."""
 from __future__ import annotations
 
 import struct
+import weakref
+from typing import Any, Optional, Sequence
 
 import mlx.core as mx
 
@@ -112,3 +114,19 @@ def on_cuda() -> bool:
 
 def _float_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def kept_plan(plans: dict, key: tuple, arrays: Sequence[Any]) -> Optional[tuple]:
+    """The entry `keep_plan` stored under key, if those very arrays are still the ones it was for."""
+    entry = plans.get(key)
+    return entry if entry is not None and all(ref() is a for ref, a in zip(entry[0], arrays)) else None
+
+
+def keep_plan(plans: dict, key: tuple, arrays: Sequence[Any], plan: Any) -> tuple:
+    """Store (weak references to `arrays`, plan) under key, a key naming the arrays by id: the entry
+    goes when any of them is freed, since another array may then take its id. None stands for an
+    absent array (a quantized weight without biases)."""
+    forget = lambda _: plans.pop(key, None)  # noqa: E731
+    plans[key] = entry = (tuple((lambda: None) if a is None else weakref.ref(a, forget) for a in arrays), plan)
+    return entry
+

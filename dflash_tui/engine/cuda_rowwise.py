@@ -31,11 +31,11 @@ rows and times it. Off CUDA (and where the kernel does not apply) the result is 
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from dflash_tui.engine.cuda_base import keep_plan, kept_plan
 from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
 
 MAX_ROWS = 16
@@ -366,8 +366,8 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
     """`[x @ w.T for w in ws]` as `rowwise_matmul` computes each, in one launch: products that share
     an input (q, k, v; gate, up) fill the GPU together where each alone would leave it idle."""
     key = (x.shape, x.dtype, on_cuda(), *map(id, ws))
-    seen = _calls.get(key)
-    if seen is None or not all(ref() is w for ref, w in zip(seen[0], ws)):
+    seen = kept_plan(_calls, key, ws)
+    if seen is None:
         for w in ws:
             if w.ndim != 2 or x.ndim < 1 or x.shape[-1] != w.shape[1]:
                 raise ValueError(f"rowwise_matmul: x {tuple(x.shape)} and w {tuple(w.shape)} are not [..., K] and [N, K]")
@@ -375,7 +375,7 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
             return [x @ w.T for w in ws]
         k = x.shape[-1]
         ns = tuple(w.shape[0] for w in ws)
-        seen = _keep(key, ws, (x.size // k, k, ns, *_launch(x.size // k, k, ns, x.dtype)))
+        seen = keep_plan(_calls, key, ws, (x.size // k, k, ns, *_launch(x.size // k, k, ns, x.dtype)))
     m, k, ns, kernel, launch = seen[1]
     outs = kernel(inputs=[x.reshape(m, k), *ws], **launch)
     return [out.reshape(*x.shape[:-1], n) for out, n in zip(outs, ns)]
@@ -386,12 +386,6 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
 # weights and shapes, and their checks were about 10 us of Python each, on the cycle's path; an
 # entry goes when one of its weights is freed (its id may come back for another array).
 _calls: dict[tuple, tuple] = {}
-
-
-def _keep(key: tuple, ws: list[mx.array], plan: tuple) -> tuple:
-    forget = lambda _: _calls.pop(key, None)  # noqa: E731
-    _calls[key] = entry = (tuple(weakref.ref(w, forget) for w in ws), plan)
-    return entry
 
 
 _launches: dict[tuple, tuple] = {}

@@ -46,10 +46,9 @@ tests/cuda_emulate.py); measured against other layouts in docs/batch-invariance.
 
 from __future__ import annotations
 
-import weakref
-
 import mlx.core as mx
 
+from dflash_tui.engine.cuda_base import keep_plan, kept_plan
 from dflash_tui.engine.cuda_kernels import _HEADER, on_cuda
 
 MAX_ROWS = 16
@@ -288,13 +287,13 @@ def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array,
                 for wq, s, b in parts]
     arrays = [a for part in parts for a in part]
     key = (x.shape, x.dtype, group_size, bits, *map(id, arrays))
-    seen = _calls.get(key)
-    if seen is None or not all(ref() is a for ref, a in zip(seen[0], arrays)):
+    seen = kept_plan(_calls, key, arrays)
+    if seen is None:
         plan = None
         if parts and all(replays_qmv(x, wq, s, b, group_size, bits) for wq, s, b in parts):
             ns = tuple(wq.shape[0] for wq, _, _ in parts)
             plan = (ns, *_octet_launch(rows, ns, x.dtype, bits, group_size))
-        seen = _keep(key, arrays, plan)
+        seen = keep_plan(_calls, key, arrays, plan)
     if seen[1] is None:
         return None
     ns, kernel, launch = seen[1]
@@ -307,12 +306,6 @@ def rowwise_quantized_matmuls(x: mx.array, parts: list[tuple[mx.array, mx.array,
 # them). A verify makes 145 of these calls on the same weights and shapes, each checking up to
 # three weights; an entry goes when one of its arrays is freed (its id may come back).
 _calls: dict[tuple, tuple] = {}
-
-
-def _keep(key: tuple, arrays: list, plan: tuple | None) -> tuple:
-    forget = lambda _: _calls.pop(key, None)  # noqa: E731
-    _calls[key] = entry = (tuple(weakref.ref(a, forget) if a is not None else (lambda: None) for a in arrays), plan)
-    return entry
 
 
 def octet_geometry(rows: int, ns: tuple[int, ...], bits: int) -> tuple[int, int, int, int]:
