@@ -383,7 +383,7 @@ def rowwise_matmuls(x: mx.array, ws: list[mx.array]) -> list[mx.array]:
 
 # (x's shape and dtype, whether on CUDA, id of each weight) -> (weak references to the weights,
 # (rows, K, features of each, the kernel, its launch)). A verify makes 145 of these calls on the same
-# weights and shapes, and their checks were about 10 us of Python each, on the cycle's path; an
+# weights and shapes, and their checks cost a few us of Python each, on the cycle's path; an
 # entry goes when one of its weights is freed (its id may come back for another array).
 _calls: dict[tuple, tuple] = {}
 
