@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 
@@ -166,6 +166,28 @@ SETUPS: dict[str, dict[str, str]] = {
 }
 
 
+@contextlib.contextmanager
+def setups_environment() -> Iterator[dict[str, str]]:
+    """The variables the setups switch, as found (the engine's own choice: `apply_setup`'s
+    defaults); on leaving, given back as they were (callers may run on)."""
+    saved = {key: os.environ.get(key) for setup in SETUPS.values() for key in setup}
+    try:
+        yield {key: value or "" for key, value in saved.items()}
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def regroup(target: Target, every: int) -> None:
+    """Launch the target's forwards every `every` layers (0: whole); the launch points are hooked
+    with the capture, so it is set again."""
+    target.flush_every = every
+    target.set_capture(target.capture_ids)
+
+
 def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[str, str]) -> dict[str, Any]:
     """Switch the pair to a setup (`defaults`: the environment at start, the engine's own choice)."""
     for key, value in {**defaults, **SETUPS[name]}.items():
@@ -174,8 +196,7 @@ def apply_setup(target: Target, draft: DFlashDraft, name: str, defaults: dict[st
     target.use_attention(mode)
     target.use_step_rows(name == "step-rows")
     default = target_module.default_flush_every(len(target.layers))  # 0 where forwards launch whole anyway (the CPU)
-    target.flush_every = {"no-flush": 0, "six-groups": -(-len(target.layers) // 6)}.get(name, default) if default else 0
-    target.set_capture(target.capture_ids)  # the flush points are hooked with the capture
+    regroup(target, {"no-flush": 0, "six-groups": -(-len(target.layers) // 6)}.get(name, default) if default else 0)
     draft.set_attention_mode(mode)
     return {"setup": name, "attention": target.attention_mode, "flush_every": target.flush_every,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "step_rows": target.step_rows}
@@ -281,7 +302,6 @@ def main(argv: list[str] | None = None) -> int:
     # a cycle drafts at least one token (block 2) and a prompt has at least one
     require_at_least(p, args, {"prompt": 1, "tokens": 1, "block_size": 2, "repeat": 1, "draft_layers": 1,
                                "zlab_tokens": 1})
-    defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
     info = {"device": str(mx.default_device()), "shapes": args.shape, "mlx": mx.__version__,
             "kernels": kernels_wanted(), "lazy_draft": lazy_draft_wanted(), "zlab_installed": zlab_available(),
             "split_from_keys": getattr(cuda_kernels, "SPLIT_FROM_KEYS", None)}
@@ -290,16 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         pass
     rows: list[dict[str, Any]] = []
-    saved_env = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS")}
-    try:
+    with setups_environment() as defaults:
         for shape in args.shape:
             rows += _measure_shape(shape, args, defaults)
-    finally:  # setups switch process-wide variables: give them back (callers may run on)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     summary: dict[str, Any] = {}
     for r in rows:
         key = f"{r['shape']} ctx{r['context']} {r.get('setup', 'run')} b{r['block_size']}"

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import mlx.core as mx
 
 from dflash_tui.bench.arguments import require_at_least
-from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt
+from dflash_tui.bench.cycle_cost import SHAPES, build, random_prompt, regroup
 from dflash_tui.engine.speculative import draft_proposals
 from dflash_tui.engine.state import DecodeState
 
@@ -142,10 +142,6 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     def undo_verify() -> None:
         target.rollback(cache, 0, block)
 
-    def regroup(layers: int) -> None:  # the flush points are hooked when the capture is set
-        target.flush_every = layers
-        target.set_capture(target.capture_ids)
-
     one = mx.array([[token]])
     many = mx.array([[token] * block])
     bare = target.model
@@ -160,9 +156,9 @@ def profile(shape: str, context: int, block: int, reps: int, dtype: mx.Dtype,
     add(f"engine verify {block} no flush", lambda: list(verify(many)), undo_verify)
     target.flush_every = keep
     if keep:
-        regroup(-(-len(target.layers) // 6))
+        regroup(target, -(-len(target.layers) // 6))
         add(f"engine verify {block} six groups", lambda: list(verify(many)), undo_verify)
-        regroup(keep)
+        regroup(target, keep)
     # the same verify with every row computed as the decode step at its position
     # (engine/step_rows.py; on MLX CUDA only, elsewhere the same as the plain verify)
     before = target.step_rows

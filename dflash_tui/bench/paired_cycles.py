@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 import mlx.core as mx
 
 from dflash_tui.bench.arguments import require_at_least
-from dflash_tui.bench.cycle_cost import SETUPS, SHAPES, apply_setup, build, random_prompt
+from dflash_tui.bench.cycle_cost import SETUPS, SHAPES, apply_setup, build, random_prompt, setups_environment
 from dflash_tui.engine.speculative import dflash_cycles, draft_proposals
 from dflash_tui.engine.state import DecodeState
 
@@ -108,10 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(set(args.setups)) < 2 or len(set(args.setups)) != len(args.setups):
         p.error("--setups: two or more different setups")
     require_at_least(p, args, {"prompt": 1, "rounds": 1, "block_size": 2, "draft_layers": 1})
-    defaults = {"DFLASH_TUI_KERNELS": os.environ.get("DFLASH_TUI_KERNELS", "")}
-    saved = os.environ.get("DFLASH_TUI_KERNELS")
     out: list[dict[str, Any]] = []
-    try:
+    with setups_environment() as defaults:
         for shape in args.shape:
             target, draft = build(shape, args.draft_layers, getattr(mx, args.dtype))
             for context in args.prompt:
@@ -123,11 +120,6 @@ def main(argv: list[str] | None = None) -> int:
                     print(json.dumps(row), file=sys.stderr, flush=True)
             del target, draft
             mx.clear_cache()
-    finally:  # setups switch a process-wide variable: give it back
-        if saved is None:
-            os.environ.pop("DFLASH_TUI_KERNELS", None)
-        else:
-            os.environ["DFLASH_TUI_KERNELS"] = saved
     info = {"device": str(mx.default_device()), "mlx": mx.__version__}
     try:
         info["device_name"] = mx.device_info().get("device_name")
