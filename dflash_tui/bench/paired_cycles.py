@@ -11,7 +11,7 @@ first setup's in the same round is a paired measurement. Reported per setup: the
 cycle and verify, and the median of those per-round ratios with a bootstrap 95% interval.
 
     python -m dflash_tui.bench.paired_cycles --shape qwen3-4b --prompt 128 --setups engine step-rows
-    python -m dflash_tui.bench.paired_cycles --shape tiny --tokens 24    # CPU smoke run
+    python -m dflash_tui.bench.paired_cycles --shape tiny --rounds 4     # CPU smoke run
 """
 
 from __future__ import annotations
