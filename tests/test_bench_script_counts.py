@@ -4,9 +4,9 @@ still runs."""
 
 from __future__ import annotations
 
-import pytest
-
 import importlib
+
+import pytest
 
 from dflash_tui.bench import cycle_cost, cycle_profile, paired_cycles
 
