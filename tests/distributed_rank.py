@@ -3,9 +3,11 @@
 Loads the pair with the target sharded by mlx-lm (`sharded_load`), computes the
 reference with mlx-lm's own `stream_generate` on that same sharded model, then
 runs the engine (real draft and an oracle draft for partial accepts, at each
-block size, the adaptive size, and one seeded sampling turn) and prints one
-JSON line per rank, with the captured features and logits compared to one
-process's whole target.
+block size, the adaptive size, and one seeded sampling turn) and writes one
+JSON file per rank (`rank{N}.json` in `--dir`), with the captured features and
+logits compared to one process's whole target. A file, not a line on stdout:
+mlx.launch passes each rank's output on in the chunks it reads, so two ranks'
+long lines can interleave.
 `--fault` plants a failure on rank 1: `disagree` (its draft proposes other
 tokens, so it accepts another count), `kill` (SIGKILL itself mid-turn), `hang`
 (SIGSTOP itself mid-turn). An Error event: rank 0 prints one line, every rank exits 1.
@@ -45,12 +47,12 @@ def run() -> int:
     p.add_argument("--blocks", default="4,16")
     p.add_argument("--fault", choices=("none", "disagree", "kill", "hang"), default="none")
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--pid-dir", help="write this rank's pid here (the test ends what is left)")
+    p.add_argument("--dir", required=True, help="this rank's pid and results go here (the test ends what is left)")
     p.add_argument("--reference-rounds", type=int, default=0,
                    help="only this many rounds of mlx-lm's generation then one sharded forward, and stop")
     args = p.parse_args()
-    if args.pid_dir:
-        Path(args.pid_dir, f"rank{os.environ.get('MLX_RANK', '0')}.pid").write_text(str(os.getpid()))
+    rank_file = Path(args.dir, f"rank{os.environ.get('MLX_RANK', '0')}")
+    rank_file.with_suffix(".pid").write_text(str(os.getpid()))
 
     from dflash_tui.engine.conversation import Conversation, GenerationSettings
     from dflash_tui.engine.distributed import Ranks, init_group
@@ -67,8 +69,7 @@ def run() -> int:
     conv.ranks = ranks
     prompt = conv.prompt_tokens([{"role": "user", "content": "hello there"}])
     if args.reference_rounds:
-        print(json.dumps({"rank": ranks.rank, "mixed": mixed_rounds(pair, ranks, prompt, args.reference_rounds)}),
-              flush=True)
+        write_result(rank_file, {"rank": ranks.rank, "mixed": mixed_rounds(pair, ranks, prompt, args.reference_rounds)})
         return 0
     reference = reference_tokens(pair, prompt, args.max_tokens)  # mlx-lm's sharded greedy generation
     features = compare_features(pair.target, args.target, prompt)
@@ -117,8 +118,15 @@ def run() -> int:
         out["runs"]["auto"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=5), auto)
     sampled = GenerationSettings(max_tokens=args.max_tokens, temperature=1.0, seed=7)
     out["runs"]["sampled"] = turn(oracle_proposer(sequence, error_rate=0.3, seed=1), sampled)
-    print(json.dumps(out), flush=True)
+    write_result(rank_file, out)
     return 0
+
+
+def write_result(rank_file: Path, result: dict) -> None:
+    """rank{N}.json, whole or not at all (the test reads it once the launcher has ended)."""
+    part = rank_file.with_suffix(".part")
+    part.write_text(json.dumps(result))
+    part.replace(rank_file.with_suffix(".json"))
 
 
 def mixed_rounds(pair, ranks, prompt: list[int], rounds: int) -> int:

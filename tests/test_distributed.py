@@ -70,9 +70,10 @@ def end_ranks(pid_dir: Path) -> None:
             pass
 
 
-def rank_results(out: str) -> dict[int, dict]:
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
-    return {d["rank"]: d for d in lines}
+def rank_results(folder: Path) -> dict[int, dict]:
+    """The results each rank wrote (tests/distributed_rank.py), by rank."""
+    found = [json.loads(f.read_text()) for f in folder.glob("rank*.json")]
+    return {d["rank"]: d for d in found}
 
 
 def our_lines(err: str, prefix: str = "dflash-tui:") -> list[str]:
@@ -101,8 +102,8 @@ def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
 def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, parallel, qwen3_dirs, hybrid_dirs, tmp_path):
     dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
     out, err = launch([str(RANK_SCRIPT), "--target", str(dirs["target"]), "--draft", str(dirs["draft"]),
-                       "--kind", parallel, "--max-tokens", "24", "--pid-dir", str(tmp_path)], tmp_path)
-    results = rank_results(out)
+                       "--kind", parallel, "--max-tokens", "24", "--dir", str(tmp_path)], tmp_path)
+    results = rank_results(tmp_path)
     assert sorted(results) == [0, 1], err[-2000:]
     # the draft reads the same features and the target gives the same logits on every rank: a
     # pipeline stage's layers are computed whole (exact); tensor parallel sums partial products
@@ -138,8 +139,8 @@ def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, parallel, qwen3_d
 def test_a_failing_rank_ends_the_run_with_one_line(fault, says, qwen3_dirs, tmp_path):
     out, err = launch([str(RANK_SCRIPT), "--target", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
                        "--max-tokens", "12", "--blocks", "4", "--fault", fault, "--timeout", "3",
-                       "--pid-dir", str(tmp_path)], tmp_path, timeout=60)
-    assert rank_results(out) == {}
+                       "--dir", str(tmp_path)], tmp_path, timeout=60)
+    assert rank_results(tmp_path) == {}
     lines = our_lines(err)
     assert len(lines) == 1, err[-2000:]
     assert any(text in lines[0] for text in ((says,) if isinstance(says, str) else says)), lines[0]
@@ -149,8 +150,8 @@ def test_a_sharded_forward_after_mlx_lm_generation_is_the_same_on_every_rank(qwe
     # mlx-lm's stream_generate starts the next step's forward before yielding; a reader that stops
     # leaves it in flight, and its all-reduces then paired up with the next forward's (6 of 8 rounds)
     out, err = launch([str(RANK_SCRIPT), "--target", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
-                       "--reference-rounds", "8", "--pid-dir", str(tmp_path)], tmp_path)
-    results = rank_results(out)
+                       "--reference-rounds", "8", "--dir", str(tmp_path)], tmp_path)
+    results = rank_results(tmp_path)
     assert sorted(results) == [0, 1], err[-2000:]
     assert [results[r]["mixed"] for r in (0, 1)] == [0, 0]
 
