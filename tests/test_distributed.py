@@ -102,7 +102,7 @@ def hybrid_dirs(tmp_path_factory) -> dict[str, Path]:
 def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, parallel, qwen3_dirs, hybrid_dirs, tmp_path):
     dirs = qwen3_dirs if kind == "attention" else hybrid_dirs
     _, err = launch([str(RANK_SCRIPT), "--target", str(dirs["target"]), "--draft", str(dirs["draft"]),
-                       "--kind", parallel, "--max-tokens", "24", "--dir", str(tmp_path)], tmp_path)
+                     "--kind", parallel, "--max-tokens", "24", "--dir", str(tmp_path)], tmp_path)
     results = rank_results(tmp_path)
     assert sorted(results) == [0, 1], err[-2000:]
     # the draft reads the same features and the target gives the same logits on every rank: a
@@ -138,8 +138,8 @@ def test_sharded_greedy_equals_mlx_lm_sharded_generation(kind, parallel, qwen3_d
 ])
 def test_a_failing_rank_ends_the_run_with_one_line(fault, says, qwen3_dirs, tmp_path):
     _, err = launch([str(RANK_SCRIPT), "--target", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
-                       "--max-tokens", "12", "--blocks", "4", "--fault", fault, "--timeout", "3",
-                       "--dir", str(tmp_path)], tmp_path, timeout=60)
+                     "--max-tokens", "12", "--blocks", "4", "--fault", fault, "--timeout", "3",
+                     "--dir", str(tmp_path)], tmp_path, timeout=60)
     assert rank_results(tmp_path) == {}
     lines = our_lines(err)
     assert len(lines) == 1, err[-2000:]
@@ -150,7 +150,7 @@ def test_a_sharded_forward_after_mlx_lm_generation_is_the_same_on_every_rank(qwe
     # mlx-lm's stream_generate starts the next step's forward before yielding; a reader that stops
     # leaves it in flight, and its all-reduces then paired up with the next forward's (6 of 8 rounds)
     _, err = launch([str(RANK_SCRIPT), "--target", str(qwen3_dirs["target"]), "--draft", str(qwen3_dirs["draft"]),
-                       "--reference-rounds", "8", "--dir", str(tmp_path)], tmp_path)
+                     "--reference-rounds", "8", "--dir", str(tmp_path)], tmp_path)
     results = rank_results(tmp_path)
     assert sorted(results) == [0, 1], err[-2000:]
     assert [results[r]["mixed"] for r in (0, 1)] == [0, 0]
